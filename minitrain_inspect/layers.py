@@ -10,7 +10,7 @@ import numpy as np
 from .core import DEFAULT_DTYPE, Module, Parameter, as_float_dtype
 
 # %% auto #0
-__all__ = ['check_input', 'Linear', 'ReLU', 'Tanh', 'LayerNorm']
+__all__ = ['check_input', 'Linear', 'ReLU', 'Tanh', 'Dropout', 'LayerNorm']
 
 # %% ../nbs/01_layers.ipynb #817c3ccc
 def check_input(x, layer: Module, features: int | None, dtype: np.dtype) -> np.ndarray:
@@ -119,6 +119,34 @@ class Tanh(Module):
         ### END SOLUTION
 
 # %% ../nbs/01_layers.ipynb #e6298761
+class Dropout(Module):
+    "Zero each entry with probability `p` in training mode (scaling the rest by `1/(1-p)`); identity in eval mode."
+
+    def __init__(self, p: float = 0.5, *, rng: np.random.Generator | int | None = 0):
+        super().__init__()
+        if not (0.0 <= float(p) < 1.0):
+            raise ValueError(f"Dropout p must lie in [0, 1), got {p!r}")
+        self.p = float(p)
+        self.rng = np.random.default_rng(rng)
+        self._mask = None
+
+    def forward(self, x):
+        if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
+            raise TypeError(f"Dropout expects a float32 or float64 array, got {getattr(x, 'dtype', type(x).__name__)}")
+        if not self.training or self.p == 0.0:
+            self._mask = None
+            return x
+        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p
+        self._mask = keep * x.dtype.type(1.0 / (1.0 - self.p))
+        return x * self._mask
+
+    def backward(self, grad_output):
+        return grad_output if self._mask is None else grad_output * self._mask
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+# %% ../nbs/01_layers.ipynb #00398dda
 class LayerNorm(Module):
     "Normalise over the last axis, then scale by `weight` and shift by `bias`."
 
