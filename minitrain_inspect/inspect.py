@@ -61,7 +61,7 @@ class Inspector:
             self.schedules[panel] = as_schedule(spec)
         self.budget = None if budget is None else float(budget)
         self.budget_window = int(budget_window)
-        self.throttled: list[dict] = []
+        self.throttled: list[dict] = self.history.meta.setdefault("throttled", [])  # saved with the history
         self.histogram_bins = int(histogram_bins)
         self.per_class_by = per_class_by
         self.step = None
@@ -110,6 +110,7 @@ class Inspector:
         ### BEGIN SOLUTION
         self._new_stat(name, "activation")
         unit_kind = _activation_kind(module)
+        self.history.meta.setdefault("module_types", {})[name] = type(module).__name__
 
         def forward_hook(mod, args, kwargs, output):
             if self._act_due:
@@ -306,7 +307,8 @@ class Inspector:
         "Forget all statistics, history and costs; the hooks stay."
         for name in self.stats:
             self.stats[name] = new_state()
-        self.history.clear()
+        self.history.series.clear()
+        self.history.meta.pop("histogram", None)
         self._spectral.clear()
         self.throttled.clear()
         self.cost = dict.fromkeys(PANELS, 0.0)
