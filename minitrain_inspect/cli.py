@@ -12,6 +12,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .dashboard import save_dashboard
+from .inspect import Inspector
+from .overhead import results_markdown, run_benchmark
 from .stats import to_jsonable
 from .train import TrainConfig, train
 
@@ -61,7 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_flags(t)
     t.add_argument("--inspect", action="store_true", help="attach the Inspector; --json output then carries its snapshot")
     t.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    d = sub.add_parser("demo", help="train with the Inspector on; write the dashboard, the history and results.md",
+                       description="Train the past-tense model with the Inspector on, then write dashboard.png, "
+                                   "history.jsonl, snapshot.json and results.md (with the overhead benchmark) to DIR.")
+    d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the outputs (created if needed)")
+    _add_train_flags(d)
+    d.add_argument("--budget", type=float, default=None, help="budget guard for the Inspector, e.g. 0.3 (default off)")
+    _add_benchmark_flags(d, prefix="bench-")
+    d.add_argument("--no-benchmark", action="store_true", help="skip the overhead benchmark")
+
+    o = sub.add_parser("overhead", help="measure the Inspector's overhead on the reference workload",
+                       description="Interleaved benchmark of the reference training with and without the Inspector.")
+    _add_benchmark_flags(o, prefix="")
+    o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    o.add_argument("--out", type=Path, default=Path("results.md"), metavar="FILE",
+                   help="where to write the results note (default results.md)")
     return parser
+
+
+def _add_benchmark_flags(p, prefix: str) -> None:
+    p.add_argument(f"--{prefix}steps", type=int, default=200, help="steps per timed run (default 200)")
+    p.add_argument(f"--{prefix}repeats", type=int, default=5, help="interleaved repeats (default 5)")
+    p.add_argument(f"--{prefix}widths", type=int, nargs="*", default=[64, 256, 1024], metavar="WIDTH",
+                   help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
 
 # %% ../nbs/12_cli.ipynb #17b4789a
 def train_summary(result) -> dict:
@@ -101,7 +127,65 @@ def _run_train(args) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #30841590
-COMMANDS = {"train": _run_train}
+def _benchmark(steps: int, repeats: int, widths) -> dict:
+    if steps < 3:
+        raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for w in widths:
+        if w < 1:
+            raise ValueError(f"widths must be positive, got {w}")
+    return run_benchmark(steps=steps, repeats=repeats, widths=tuple(widths), width_repeats=min(3, repeats))
+
+
+def _run_demo(args) -> int:
+    out_dir = args.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    config = _config(args, inspect=True)
+    inspector = Inspector(budget=args.budget)
+    result = train(config, inspector=inspector)
+    summary = train_summary(result)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    title = (f"Past-tense model: {config.steps} steps, seed {config.seed}; held-out regular accuracy "
+             f"{result.accuracy['regular_val']:.2f}, training irregular {result.accuracy['irregular_train']:.2f}")
+    paths = {"dashboard": save_dashboard(inspector.history, out_dir / "dashboard.png", title=title),
+             "history": inspector.history.save_jsonl(out_dir / "history.jsonl")}
+    (out_dir / "snapshot.json").write_text(json.dumps(summary, allow_nan=False, indent=1), encoding="utf-8")
+    paths["snapshot"] = out_dir / "snapshot.json"
+    _print_train_text(summary)
+    if not args.no_benchmark:
+        print("measuring the overhead (interleaved runs with and without the Inspector)...", file=sys.stderr)
+        bench = _benchmark(args.bench_steps, args.bench_repeats, args.bench_widths)
+        text = results_markdown(bench)
+    else:
+        bench, text = None, "# Inspector overhead\n\nNot measured (--no-benchmark).\n"
+    run_line = (f"\nThis run: {config.steps} steps in {result.seconds:.1f} s with the Inspector on; accuracy "
+                f"{result.accuracy['regular_val']:.3f} on held-out regular verbs, "
+                f"{result.accuracy['irregular_train']:.3f} on training irregular verbs.\n")
+    (out_dir / "results.md").write_text(text + run_line, encoding="utf-8")
+    paths["results"] = out_dir / "results.md"
+    if bench is not None:
+        print(f"overhead of the Inspector (default schedules): {100 * bench['overhead']:+.1f}% "
+              f"(every step {100 * bench['overhead_every_step']:+.1f}%, disabled {100 * bench['overhead_disabled']:+.1f}%)")
+    for label, path in paths.items():
+        print(f"{label:>9s}: {path}")
+    return 0
+
+
+def _run_overhead(args) -> int:
+    bench = _benchmark(args.steps, args.repeats, args.widths)
+    text = results_markdown(bench)
+    args.out.write_text(text, encoding="utf-8")
+    if args.json:
+        print(json.dumps(to_jsonable(bench), allow_nan=False))
+    else:
+        print(text)
+        print(f"written to {args.out}")
+    return 0
+
+# %% ../nbs/12_cli.ipynb #890d7451
+COMMANDS = {"train": _run_train, "demo": _run_demo, "overhead": _run_overhead}
 
 
 def main(argv=None) -> int:

@@ -240,6 +240,9 @@ class Lexicon:
             if verb.lemma in self._verbs:
                 raise ValueError(f"duplicate lemma in lexicon: {verb.lemma!r}")
             self._verbs[verb.lemma] = verb
+        # Frozen sets for fast membership tests (the per-class loss asks about every example, every step).
+        self.lemmas = frozenset(self._verbs)
+        self.regular_lemmas = frozenset(v.lemma for v in self._verbs.values() if v.regular)
 
     def __len__(self):
         return len(self._verbs)

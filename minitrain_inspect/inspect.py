@@ -43,7 +43,7 @@ class Inspector:
 
     def __init__(self, model: Module | None = None, params=None, *, schedules: dict | None = None,
                  enabled: bool = True, budget: float | None = None, max_points: int = 512,
-                 histogram_bins: int = 40, per_class_by: str = "lexicon", budget_window: int = 50):
+                 histogram_bins: int = 40, per_class_by: str = "lexicon", budget_window: int = 20):
         if model is not None and not isinstance(model, Module):
             raise TypeError(f"model must be a Module, got {type(model).__name__}")
         if budget is not None and not (0 < float(budget) < math.inf):
@@ -70,7 +70,9 @@ class Inspector:
         self._enabled = bool(enabled)
         self._act_due = self._grad_due = self._enabled
         self._spectral: dict[str, SpectralNorm] = {}
-        self._before_update: dict[str, np.ndarray] = {}
+        self._update_buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._weight_norms: dict[str, float] = {}
+        self._scratch: dict[str, np.ndarray] = {}   # per-name buffers, reused every step (no page faults)
         self._window = {"steps": 0, "start": None, "spent": 0.0, "by_panel": dict.fromkeys(PANELS, 0.0)}
 
     def _named_params(self, params) -> list[tuple[str, Parameter]]:
@@ -158,7 +160,9 @@ class Inspector:
         if model is None:
             raise ValueError("attach needs a model: Inspector(model).attach() or inspector.attach(model)")
         if self.model is None:
-            self.model, self.params = model, [(n, p) for n, p in model.named_parameters()]
+            self.model = model
+        if not self.params:
+            self.params = [(n, p) for n, p in model.named_parameters()]
         for name, module in model.named_modules():
             if module.is_leaf():
                 self.register_forward(name or type(module).__name__, module)
@@ -181,11 +185,18 @@ class Inspector:
         return False
 
     # -- what the hooks do -----------------------------------------------------
+    def _scratch_for(self, name: str, x: np.ndarray) -> np.ndarray:
+        dtype = np.float32 if x.dtype == np.float32 else np.float64
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < x.size or buf.dtype != dtype:
+            buf = self._scratch[name] = np.empty(x.size, dtype=dtype)
+        return buf
+
     def _on_activation(self, name: str, unit_kind: str | None, output: np.ndarray) -> None:
         start = time.perf_counter()
         step = -1 if self.step is None else self.step
         if self._due["activations"]:
-            tm = welford_update(self.stats[name], output)
+            tm = welford_update(self.stats[name], output, self._scratch_for(name, output))
             rec = self.history.record
             rec(f"activations/{name}/mean", step, tm.mean if tm.n else math.nan)
             rec(f"activations/{name}/std", step, tm.std)
@@ -203,11 +214,16 @@ class Inspector:
 
     def _on_gradient(self, name: str, panel: str, grad: np.ndarray) -> None:
         start = time.perf_counter()
-        tm = welford_update(self.stats[name], grad)
+        tm = welford_update(self.stats[name], grad, self._scratch_for(name, grad))
         self.history.record(f"{panel}/{name}/l2", -1 if self.step is None else self.step, tm.l2)
         self.cost["gradients"] += time.perf_counter() - start
 
     # -- the training loop's side (observer methods) ---------------------------------
+    def begin_run(self, model: Module) -> None:
+        "Attach to the loop's model if this Inspector has no hooks yet (so `train(observers=[Inspector()])` works)."
+        if not self.handles:
+            self.attach(model)
+
     def begin_step(self, step: int) -> None:
         "Decide which panels measure at this step and open the hooks accordingly."
         now = time.perf_counter()
@@ -224,27 +240,36 @@ class Inspector:
         self._grad_due = due["gradients"]
 
 
+    def _sum_of_squares(self, x: np.ndarray, out: np.ndarray) -> float:
+        return float(np.add.reduce(np.square(x, out=out).reshape(-1), dtype=np.float64))
+
     def before_update(self, step: int) -> None:
-        if self._enabled and self._due["updates"]:
-            start = time.perf_counter()
-            self._before_update = {name: p.data.copy() for name, p in self.params}
-            self.cost["updates"] += time.perf_counter() - start
-
-
-    def after_update(self, step: int) -> None:
-        if not self._before_update:
+        "Keep a copy of every weight (in buffers allocated once) and its norm, if the update panel is due."
+        if not (self._enabled and self._due["updates"]):
             return
         start = time.perf_counter()
         for name, p in self.params:
-            old = self._before_update[name]
-            delta = np.subtract(p.data, old, dtype=np.float64).reshape(-1)
-            weight = old.reshape(-1).astype(np.float64)
-            w_norm = math.sqrt(float(np.dot(weight, weight)))
-            ratio = math.sqrt(float(np.dot(delta, delta))) / w_norm if w_norm > 0 else math.nan
-            self.history.record(f"updates/{name}/ratio", step, ratio)
-        self._before_update = {}
+            buffers = self._update_buffers.get(name)
+            if buffers is None or buffers[0].shape != p.data.shape or buffers[0].dtype != p.data.dtype:
+                buffers = self._update_buffers[name] = (np.empty_like(p.data), np.empty_like(p.data))
+            before, scratch = buffers
+            np.copyto(before, p.data)
+            self._weight_norms[name] = math.sqrt(self._sum_of_squares(p.data, scratch))
         self.cost["updates"] += time.perf_counter() - start
 
+    def after_update(self, step: int) -> None:
+        "Record ||w_after - w_before|| / ||w_before|| for every parameter."
+        if not self._weight_norms:
+            return
+        start = time.perf_counter()
+        for name, p in self.params:
+            before, scratch = self._update_buffers[name]
+            np.subtract(p.data, before, out=scratch)
+            w_norm = self._weight_norms[name]
+            ratio = math.sqrt(self._sum_of_squares(scratch, scratch)) / w_norm if w_norm > 0 else math.nan
+            self.history.record(f"updates/{name}/ratio", step, ratio)
+        self._weight_norms = {}
+        self.cost["updates"] += time.perf_counter() - start
 
     def end_step(self, step: int, loss: float, per_example_loss=None, batch=None) -> None:
         "Record the step's scalars and slow panels, then close the hooks until the next `begin_step`."
@@ -280,20 +305,24 @@ class Inspector:
 
 
     def _guard_budget(self, step: int) -> None:
+        "At the end of each window, stretch the dearest panels until the projected overhead fits the budget."
         window = self._window
         window["steps"] += 1
         if window["steps"] < self.budget_window:
             return
         now = time.perf_counter()
-        elapsed = now - window["start"]
-        spent_by_panel = {p: self.cost[p] - window["by_panel"][p] for p in PANELS}
-        spent = sum(spent_by_panel.values())
-        overhead = spent / max(elapsed - spent, 1e-12)
-        if overhead > self.budget:
-            panel = max(EXPENSIVE_PANELS, key=lambda p: spent_by_panel[p])
+        spent = {p: self.cost[p] - window["by_panel"][p] for p in PANELS}
+        training_time = max(now - window["start"] - sum(spent.values()), 1e-12)
+        overhead = sum(spent.values()) / training_time
+        while sum(spent.values()) / training_time > self.budget:
+            candidates = [p for p in EXPENSIVE_PANELS if spent[p] > 0]
+            if not candidates:
+                break           # what is left (loss, per-class) is not worth throttling
+            panel = max(candidates, key=spent.get)
             schedule = self.schedules[panel]
             before = schedule.to_spec()
             schedule.stretch(2)
+            spent[panel] /= 2   # half as many measurements from now on
             self.throttled.append({"step": step, "panel": panel, "from": before, "to": schedule.to_spec(),
                                    "overhead": round(overhead, 4)})
         window.update(steps=0, start=now, by_panel=dict(self.cost))
@@ -310,6 +339,8 @@ class Inspector:
         self.history.series.clear()
         self.history.meta.pop("histogram", None)
         self._spectral.clear()
+        self._scratch.clear()
+        self._update_buffers.clear()
         self.throttled.clear()
         self.cost = dict.fromkeys(PANELS, 0.0)
 

@@ -236,9 +236,12 @@ def histogram_edges(kind: str, bins: int = 40) -> np.ndarray:
 
 def fixed_histogram(x: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:
     "Fraction of the values of `x` in each of `bins` equal bins over [lo, hi]; outliers go to the edge bins."
-    position = np.multiply(np.subtract(x.reshape(-1), lo, dtype=np.float64), bins / (hi - lo))
-    if not np.isfinite(position.sum()):
-        position = position[~np.isnan(position)]
+    # Bin positions in the input's own float type (a bin index needs no float64), clipped in place.
+    dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
+    position = np.subtract(x.reshape(-1), lo, dtype=dtype)
+    position *= bins / (hi - lo)
     np.clip(position, 0, bins - 1, out=position)
+    if not math.isfinite(float(position.sum())):      # NaN survives clipping: drop it
+        position = position[~np.isnan(position)]
     counts = np.bincount(position.astype(np.intp), minlength=bins)
     return counts / max(position.size, 1)

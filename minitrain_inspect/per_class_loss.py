@@ -29,12 +29,16 @@ def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray,
         raise ValueError(f"per_example_loss must be 1-D (one loss per example), got shape {loss.shape}")
     if isinstance(verb_labels, (str, bytes)):
         raise TypeError("verb_labels must be a sequence of lemmas, not a single string")
-    labels = list(verb_labels)
+    # .tolist() turns a NumPy array of str into Python strs in one call.
+    labels = verb_labels.tolist() if isinstance(verb_labels, np.ndarray) else list(verb_labels)
     if len(labels) != loss.shape[0]:
         raise ValueError(f"got {loss.shape[0]} losses but {len(labels)} verb labels")
     bad = [label for label in labels if not isinstance(label, str)]
     if bad:
         raise TypeError(f"verb labels must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    # A finite sum proves every loss is finite; only a non-finite sum needs the elementwise check.
+    if loss.size and math.isfinite(float(loss.sum(dtype=np.float64))):
+        return loss, labels
     finite = np.isfinite(loss)
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])
@@ -60,7 +64,11 @@ def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str
         irregular = np.fromiter((label in IRREGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
     elif by == "lexicon":
         lexicon = load_lexicon() if lexicon is None else lexicon
-        regular = np.fromiter((lexicon.is_regular(label) for label in labels), dtype=bool, count=len(labels))
+        if not lexicon.lemmas.issuperset(labels):
+            unknown = sorted(set(labels) - lexicon.lemmas)
+            raise ValueError(f"unknown verb {unknown[0]!r}: it is not in the lexicon ({len(unknown)} unknown label(s))")
+        regular_lemmas = lexicon.regular_lemmas
+        regular = np.fromiter((label in regular_lemmas for label in labels), dtype=bool, count=len(labels))
         irregular = ~regular
     else:
         raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")

@@ -179,8 +179,12 @@ def _val_loss(model, loss_fn, split) -> float:
 
 
 def train(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
-          observers: Iterable = ()) -> TrainResult:
-    "Train the past-tense model as `config` says; returns a `TrainResult`."
+          observers: Iterable = (), inspector=None) -> TrainResult:
+    """Train the past-tense model as `config` says; returns a `TrainResult`.
+
+    `observers` are called at the points of the step (see the table above). With `config.inspect`, an Inspector
+    on its default settings watches the run; pass `inspector=` to use one configured otherwise. Either way its
+    hooks come off at the end, and it is returned in `result.inspector`."""
     config = TrainConfig() if config is None else config
     if data is None:
         data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
@@ -191,11 +195,11 @@ def train(config: TrainConfig | None = None, *, data: PastTenseData | None = Non
     else:
         optimizer = SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     observers = list(observers)
-    inspector = None
-    if config.inspect:
+    if config.inspect and inspector is None:
         from minitrain_inspect.inspect import Inspector  # built in a later notebook; imported only when asked for
-        inspector = Inspector(model).attach()
-        observers.append(inspector)
+        inspector = Inspector(model)
+    if inspector is not None:
+        observers.append(inspector)  # it attaches itself to every leaf module and parameter in begin_run
     calls = {event: [getattr(o, event) for o in observers if callable(getattr(o, event, None))]
              for event in OBSERVER_EVENTS}
     loss_fn = SoftmaxCrossEntropy()

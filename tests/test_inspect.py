@@ -154,12 +154,7 @@ def test_observing_changes_nothing():
     "Every module and parameter hooked, every panel every step: the same final parameters."
     plain = train(TrainConfig(steps=60, progress=False))
     watched = Inspector(schedules=EVERY_STEP)
-
-    class Attach:
-        def begin_run(self, model):
-            watched.attach(model)
-
-    inspected = train(TrainConfig(steps=60, progress=False), observers=[Attach(), watched])
+    inspected = train(TrainConfig(steps=60, progress=False), observers=[watched])
     assert inspected.params_sha256 == plain.params_sha256
     assert watched.stats["mlp.act1"]["tensors"] == 60
     assert watched.stats["copy.weight"]["tensors"] == 60

@@ -1,0 +1,164 @@
+"Issue 4: schedules, bounded memory, budget guard, spectral norms, the dashboard and its saved history."
+import json
+import math
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minitrain_inspect.dashboard import render_dashboard, save_dashboard, summary_lines
+from minitrain_inspect.inspect import EVERY_STEP, Inspector
+from minitrain_inspect.panels import BoundedSeries, Every, History, LogSchedule, SpectralNorm, as_schedule
+from minitrain_inspect.train import TrainConfig, train
+
+INSPECTOR_FILES = ("inspect.py", "panels.py", "stats.py", "per_class_loss.py")
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return train(TrainConfig(progress=False, inspect=True))
+
+
+def test_every_panel_is_recorded(default_run):
+    history = default_run.inspector.history
+    panels = {k.split("/")[0] for k in history.keys()}
+    assert panels == {"loss", "activations", "gradients", "act_grads", "updates", "spectral", "units", "per_class"}
+    steps, _ = history.get("activations/mlp.act1/mean")
+    assert list(steps[:3]) == [0, 10, 20]                      # default schedule: every 10 steps
+    steps, _ = history.get("spectral/mlp.hidden1.weight/sigma")
+    assert list(steps[:3]) == [0, 25, 50]
+
+
+def test_spectral_norm_within_one_percent_after_training(default_run):
+    history = default_run.inspector.history
+    checked = 0
+    for name, p in default_run.model.named_parameters():
+        if p.data.ndim == 2:
+            estimate = history.get(f"spectral/{name}/sigma")[1][-1]
+            exact = np.linalg.norm(p.data.astype(np.float64), 2)
+            assert abs(estimate - exact) / exact < 0.01, (name, estimate, exact)
+            checked += 1
+    assert checked == 4
+
+
+def test_update_ratio_is_measured_across_the_optimiser_step(default_run):
+    history = default_run.inspector.history
+    steps, ratio = history.get("updates/mlp.hidden1.weight/ratio")
+    assert steps.size > 100 and np.all((ratio > 1e-5) & (ratio < 1e-1))
+
+
+def test_per_class_loss_skips_absent_classes_and_irregular_lags(default_run):
+    history = default_run.inspector.history
+    steps_r, regular = history.get("per_class/regular")
+    steps_i, irregular = history.get("per_class/irregular")
+    assert np.isfinite(regular).all() and np.isfinite(irregular).all()
+    late = slice(len(regular) // 2, None)
+    assert irregular[late].mean() > regular[late].mean()
+
+
+def test_dead_units_are_fractions_and_histograms_sum_to_one(default_run):
+    history = default_run.inspector.history
+    _, frac = history.get("units/mlp.act1/fraction")
+    assert np.all((frac >= 0) & (frac <= 1))
+    hist = np.array(history.series["units/mlp.act1/histogram"].values)
+    assert hist.shape[1] == 40 and np.allclose(hist.sum(axis=1), 1.0)
+
+
+def test_tanh_saturation_is_recorded():
+    r = train(TrainConfig(steps=30, activation="tanh", progress=False),
+              inspector=Inspector(schedules=EVERY_STEP))
+    meta = r.inspector.history.meta["histogram"]["mlp.act1"]
+    assert meta["kind"] == "tanh" and (meta["lo"], meta["hi"]) == (-1.0, 1.0)
+    _, frac = r.inspector.history.get("units/mlp.act1/fraction")
+    assert frac.size == 30 and np.all((frac >= 0) & (frac <= 1))
+
+
+def test_dashboard_png_and_jsonl_round_trip(default_run, tmp_path):
+    history = default_run.inspector.history
+    saved = history.save_jsonl(tmp_path / "history.jsonl")
+    for line in saved.read_text().splitlines():
+        json.loads(line)                                         # strict JSON Lines
+    back = History.load_jsonl(saved)
+    assert back.keys() == history.keys()
+    np.testing.assert_allclose(back.get("loss/train")[1], history.get("loss/train")[1])
+    png = save_dashboard(back, tmp_path / "dashboard.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = render_dashboard(back)
+    titles = " ".join(ax.get_title(loc="left") for ax in fig.axes)
+    for number in range(1, 8):
+        assert f"{number} ·" in titles, number
+    for ax in fig.axes:
+        if ax.get_visible() and ax.axison and not ax.get_images() and ax.get_label() != "<colorbar>":
+            assert ax.get_ylabel(), ax.get_title(loc="left")
+
+
+def test_summary_reports_the_lag(default_run):
+    assert any("irregular verbs lag" in line for line in summary_lines(default_run.inspector.history))
+
+
+def test_load_rejects_garbage(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    with pytest.raises(ValueError, match="not a saved history"):
+        History.load_jsonl(bad)
+    bad.write_text('{"meta": {}, "max_points": 8}\n{"key": "a", "steps": [1, 2], "values": [1.0]}\n')
+    with pytest.raises(ValueError, match="2 steps but 1 values"):
+        History.load_jsonl(bad)
+
+
+def test_schedules():
+    assert [s for s in range(10) if Every(4).due(s)] == [0, 4, 8]
+    log = LogSchedule(ratio=2.0, dense=3)
+    assert [s for s in range(1, 70) if log.due(s)] == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        as_schedule(-2)
+    inspector = Inspector(schedules={"activations": "log", "spectral": 50})
+    assert isinstance(inspector.schedules["activations"], LogSchedule)
+    assert inspector.schedules["spectral"].n == 50
+
+
+def test_budget_guard_throttles_expensive_panels():
+    inspector = Inspector(schedules=EVERY_STEP, budget=0.05, budget_window=20)
+    train(TrainConfig(steps=200, progress=False), inspector=inspector)
+    assert inspector.throttled, "with a 5% budget and every panel every step, something must be throttled"
+    event = inspector.throttled[0]
+    assert event["panel"] in ("activations", "gradients", "updates", "spectral", "units")
+    assert event["overhead"] > 0.05 and event["from"] == "every 1" and event["to"] == "every 2"
+    assert inspector.schedules[event["panel"]].n >= 2
+    assert inspector.history.meta["throttled"] is inspector.throttled
+
+
+def test_bounded_series_memory():
+    s = BoundedSeries(64)
+    for step in range(100_000):
+        s.append(step, 1.0)
+    assert len(s) < 64 and s.steps[0] == 0 and s.steps[-1] >= 100_000 - s.stride
+
+
+def _inspector_bytes(snapshot):
+    stats = snapshot.filter_traces([tracemalloc.Filter(True, f"*{name}") for name in INSPECTOR_FILES])
+    return sum(stat.size for stat in stats.statistics("filename"))
+
+
+def test_memory_stays_flat_over_10000_steps():
+    "10,000 steps with every panel every step: the Inspector's memory at the end equals that at step 2,000."
+    inspector = Inspector(schedules=EVERY_STEP, max_points=256)
+    marks = {}
+
+    class Probe:
+        def end_step(self, step, loss, per_example_loss, batch):
+            if step + 1 in (2_000, 10_000):
+                marks[step + 1] = (_inspector_bytes(tracemalloc.take_snapshot()), inspector.history.points())
+
+    config = TrainConfig(steps=10_000, hidden=(8,), batch_size=8, dropout=0.0, eval_every=10_000, progress=False)
+    tracemalloc.start()
+    try:
+        train(config, inspector=inspector, observers=[Probe()])
+    finally:
+        tracemalloc.stop()
+    (bytes_2k, points_2k), (bytes_10k, points_10k) = marks[2_000], marks[10_000]
+    print(f"Inspector memory: {bytes_2k / 1024:.0f} KiB at step 2,000, {bytes_10k / 1024:.0f} KiB at step 10,000; "
+          f"{points_2k} and {points_10k} stored points")
+    assert points_10k <= points_2k * 1.05
+    assert bytes_10k <= bytes_2k * 1.10 + 64 * 1024
