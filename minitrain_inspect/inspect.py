@@ -15,7 +15,7 @@ from .core import HookHandle, Module, Parameter
 from .layers import ReLU, Tanh
 from .panels import (ACTIVATION_RANGES, Every, History, LogSchedule, SpectralNorm, as_schedule,
                                       fixed_histogram, unhealthy_fraction)
-from .per_class_loss import partition_batch_loss
+from .per_class_loss import mean_by_class, partition_batch_loss
 from .stats import new_state, summarize, to_jsonable, welford_update
 
 # %% auto #0
@@ -73,7 +73,8 @@ class Inspector:
         self._update_buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._weight_norms: dict[str, float] = {}
         self._scratch: dict[str, np.ndarray] = {}   # per-name buffers, reused every step (no page faults)
-        self._window = {"steps": 0, "start": None, "spent": 0.0, "by_panel": dict.fromkeys(PANELS, 0.0)}
+        self._window = {"steps": 0, "step_time": 0.0, "by_panel": dict.fromkeys(PANELS, 0.0)}
+        self._step_started = 0.0
 
     def _named_params(self, params) -> list[tuple[str, Parameter]]:
         known = {id(p): n for n, p in self.model.named_parameters()} if self.model is not None else {}
@@ -226,10 +227,7 @@ class Inspector:
 
     def begin_step(self, step: int) -> None:
         "Decide which panels measure at this step and open the hooks accordingly."
-        now = time.perf_counter()
-        window = self._window
-        if window["start"] is None:
-            window["start"] = now
+        self._step_started = time.perf_counter()
         self.step = step
         if not self._enabled:
             self._act_due = self._grad_due = False
@@ -279,7 +277,12 @@ class Inspector:
                 self.history.record("loss/train", step, float(loss))
             if due["per_class"] and per_example_loss is not None and batch is not None:
                 start = time.perf_counter()
-                regular, irregular = partition_batch_loss(per_example_loss, batch.lemmas, by=self.per_class_by)
+                mask = getattr(batch, "regular", None)
+                if self.per_class_by == "lexicon" and mask is not None:
+                    # The batch iterator already resolved each label against the lexicon: use its mask.
+                    regular, irregular = mean_by_class(per_example_loss, mask, ~mask)
+                else:
+                    regular, irregular = partition_batch_loss(per_example_loss, batch.lemmas, by=self.per_class_by)
                 if not math.isnan(regular):          # an absent class is skipped, never logged as 0
                     self.history.record("per_class/regular", step, regular)
                 if not math.isnan(irregular):
@@ -296,6 +299,7 @@ class Inspector:
                 self.cost["spectral"] += time.perf_counter() - start
         self._act_due = self._grad_due = False
         if self.budget is not None and self._enabled:
+            self._window["step_time"] += time.perf_counter() - self._step_started
             self._guard_budget(step)
 
 
@@ -310,11 +314,14 @@ class Inspector:
         window["steps"] += 1
         if window["steps"] < self.budget_window:
             return
-        now = time.perf_counter()
+        # Time inside the steps only (begin_step to end_step), so other work on the machine, or other runs
+        # interleaved with this one, do not count as training time.
         spent = {p: self.cost[p] - window["by_panel"][p] for p in PANELS}
-        training_time = max(now - window["start"] - sum(spent.values()), 1e-12)
+        training_time = max(window["step_time"] - sum(spent.values()), 1e-12)
         overhead = sum(spent.values()) / training_time
-        while sum(spent.values()) / training_time > self.budget:
+        # Aim at 80% of the budget: the Inspector also slows training indirectly (it evicts the model's data from
+        # the caches), which its own timers cannot see.
+        while sum(spent.values()) / training_time > 0.8 * self.budget:
             candidates = [p for p in EXPENSIVE_PANELS if spent[p] > 0]
             if not candidates:
                 break           # what is left (loss, per-class) is not worth throttling
@@ -325,7 +332,7 @@ class Inspector:
             spent[panel] /= 2   # half as many measurements from now on
             self.throttled.append({"step": step, "panel": panel, "from": before, "to": schedule.to_spec(),
                                    "overhead": round(overhead, 4)})
-        window.update(steps=0, start=now, by_panel=dict(self.cost))
+        window.update(steps=0, step_time=0.0, by_panel=dict(self.cost))
 
     # -- reading -----------------------------------------------------------------
     def snapshot(self) -> dict:

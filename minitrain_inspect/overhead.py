@@ -16,26 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from .inspect import EVERY_STEP, PANELS, Inspector
-from .train import TrainConfig, train
+from .train import TrainConfig, run_to_end, train, training_steps
 
 # %% auto #0
-__all__ = ['VARIANTS', 'StepTimer', 'time_variant', 'run_benchmark', 'machine_description', 'results_markdown', 'write_results']
+__all__ = ['VARIANTS', 'lockstep', 'run_benchmark', 'machine_description', 'results_markdown', 'write_results']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
-class StepTimer:
-    "Observer that records when each step begins; `step_times()` gives the per-step durations in seconds."
-
-    def __init__(self):
-        self.starts: list[float] = []
-
-    def begin_step(self, step: int) -> None:
-        self.starts.append(time.perf_counter())
-
-    def step_times(self) -> np.ndarray:
-        # The last step is not closed by a next begin_step, and includes the final evaluation: it is left out.
-        return np.diff(np.array(self.starts))
-
-
 VARIANTS = {
     "baseline": None,
     "default": dict(),
@@ -45,21 +31,30 @@ VARIANTS = {
 }
 
 
-def time_variant(config: TrainConfig, variant: str) -> dict:
-    "Run `config` once under `variant`; return its median step time (ms) and, if any, its Inspector."
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; the variants are {sorted(VARIANTS)}")
-    timer = StepTimer()
-    observers = [timer]
-    inspector = None
-    if VARIANTS[variant] is not None:
-        inspector = Inspector(**VARIANTS[variant])
-        observers.append(inspector)
-    result = train(config, observers=observers)
-    if inspector is not None:
-        inspector.remove_all()
-    return {"median_ms": 1000 * float(np.median(timer.step_times())), "inspector": inspector,
-            "params_sha256": result.params_sha256}
+def lockstep(config: TrainConfig, variants, block: int = 20) -> dict:
+    """Run `config` once per variant, advancing the runs in lockstep: `block` steps of each in turn, in rotating order.
+
+    Returns, per variant, the mean time per step in ms (the final step, which also evaluates, is left out), its
+    Inspector (or None) and the digest of its final parameters."""
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; the variants are {sorted(VARIANTS)}")
+    inspectors = {v: None if VARIANTS[v] is None else Inspector(**VARIANTS[v]) for v in variants}
+    runs = {v: training_steps(config, inspector=inspectors[v]) for v in variants}
+    spent = dict.fromkeys(variants, 0.0)
+    timed = config.steps - 1
+    for round_number, first in enumerate(range(0, timed, block)):
+        count = min(block, timed - first)
+        shift = round_number % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            run = runs[variant]
+            start = time.perf_counter()
+            for _ in range(count):
+                next(run)
+            spent[variant] += time.perf_counter() - start
+    results = {v: run_to_end(runs[v]) for v in variants}
+    return {v: {"ms_per_step": 1000 * spent[v] / (config.steps - 1), "inspector": inspectors[v],
+                "params_sha256": results[v].params_sha256} for v in variants}
 
 # %% ../nbs/13_overhead.ipynb #5dd2462a
 def _paired_overhead(times: dict, variant: str) -> float:
@@ -73,6 +68,7 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
         raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
     if repeats < 1 or width_repeats < 1:
         raise ValueError("repeats must be at least 1")
+    variants = tuple(variants)
     if "baseline" not in variants:
         raise ValueError("the variants must include 'baseline'")
     config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps)
@@ -80,19 +76,17 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
     cost = dict.fromkeys(PANELS, 0.0)
     throttled = []
     for rep in range(repeats):
-        order = list(variants[rep % len(variants):]) + list(variants[:rep % len(variants)])
-        digests = {}
-        for variant in order:
-            run = time_variant(config, variant)
-            times[variant].append(run["median_ms"])
-            digests[variant] = run["params_sha256"]
-            if variant == "every_step":
-                for panel, seconds in run["inspector"].cost.items():
-                    cost[panel] += seconds
-            if variant == "budget":
-                throttled = run["inspector"].throttled
+        runs = lockstep(config, variants)
+        digests = {v: r["params_sha256"] for v, r in runs.items()}
         if len(set(digests.values())) != 1:
             raise AssertionError(f"an Inspector changed the training run: {digests}")
+        for v, r in runs.items():
+            times[v].append(r["ms_per_step"])
+        if "every_step" in runs:
+            for panel, seconds in runs["every_step"]["inspector"].cost.items():
+                cost[panel] += seconds
+        if "budget" in runs:
+            throttled = runs["budget"]["inspector"].throttled
     baseline = statistics.median(times["baseline"])
     out = {
         "steps": steps, "repeats": repeats,
@@ -112,8 +106,8 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
         wconfig = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, hidden=(width, width))
         wtimes = {"baseline": [], "default": []}
         for rep in range(width_repeats):
-            for variant in (("baseline", "default") if rep % 2 == 0 else ("default", "baseline")):
-                wtimes[variant].append(time_variant(wconfig, variant)["median_ms"])
+            for v, r in lockstep(wconfig, ("baseline", "default")).items():
+                wtimes[v].append(r["ms_per_step"])
         out["widths"][str(width)] = {"baseline_ms": statistics.median(wtimes["baseline"]),
                                      "inspected_ms": statistics.median(wtimes["default"]),
                                      "overhead": _paired_overhead(wtimes, "default")}

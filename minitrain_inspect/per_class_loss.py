@@ -13,7 +13,7 @@ import numpy as np
 from .data import Lexicon, load_lexicon
 
 # %% auto #0
-__all__ = ['REGULAR_VERBS', 'IRREGULAR_VERBS', 'partition_batch_loss']
+__all__ = ['REGULAR_VERBS', 'IRREGULAR_VERBS', 'mean_by_class', 'partition_batch_loss']
 
 # %% ../nbs/06_per_class_loss.ipynb #fc013b36
 REGULAR_VERBS = frozenset({"work", "play", "walk", "talk", "listen", "watch", "study", "finish", "start",
@@ -46,9 +46,22 @@ def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray,
                          f"the first {loss[i]} at index {i} (verb {labels[i]!r})")
     return loss, labels
 
-# %% ../nbs/06_per_class_loss.ipynb #e0359d93
+# %% ../nbs/06_per_class_loss.ipynb #00bef6f4
 def _mean_or_nan(values: np.ndarray) -> float:
     return float(values.mean(dtype=np.float64)) if values.size else math.nan
+
+
+def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: np.ndarray) -> tuple[float, float]:
+    "Means of the losses selected by two boolean masks, as Python floats (`nan` for an empty mask)."
+    loss = np.asarray(per_example_loss)
+    if loss.ndim != 1:
+        raise ValueError(f"per_example_loss must be 1-D (one loss per example), got shape {loss.shape}")
+    for label, mask in (("regular", regular), ("irregular", irregular)):
+        if np.shape(mask) != loss.shape or np.asarray(mask).dtype != bool:
+            raise ValueError(f"the {label} mask must be a boolean array of shape {loss.shape}")
+    if loss.size and not math.isfinite(float(loss.sum(dtype=np.float64))):
+        raise ValueError(f"per_example_loss has {int((~np.isfinite(loss)).sum())} non-finite value(s)")
+    return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
 
 
 def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str], *, by: str = "lab",
@@ -72,5 +85,5 @@ def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str
         irregular = ~regular
     else:
         raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")
-    return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
+    return mean_by_class(loss, regular, irregular)
     ### END SOLUTION

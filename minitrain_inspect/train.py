@@ -9,7 +9,7 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Generator, Iterable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -24,7 +24,7 @@ from .per_class_loss import IRREGULAR_VERBS, REGULAR_VERBS
 
 # %% auto #0
 __all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'OBSERVER_EVENTS', 'PastTenseModel', 'predict_logits', 'predict', 'accuracy',
-           'TrainConfig', 'params_sha256', 'TrainResult', 'train']
+           'TrainConfig', 'params_sha256', 'TrainResult', 'training_steps', 'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #f6e8ecbe
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -178,9 +178,9 @@ def _val_loss(model, loss_fn, split) -> float:
     return loss_fn(predict_logits(model, split.inputs), split.targets).loss
 
 
-def train(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
-          observers: Iterable = (), inspector=None) -> TrainResult:
-    """Train the past-tense model as `config` says; returns a `TrainResult`.
+def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
+                   observers: Iterable = (), inspector=None) -> Generator[int, None, TrainResult]:
+    """The training run as a generator: yields the number of each finished step; returns the `TrainResult`.
 
     `observers` are called at the points of the step (see the table above). With `config.inspect`, an Inspector
     on its default settings watches the run; pass `inspector=` to use one configured otherwise. Either way its
@@ -240,8 +240,24 @@ def train(config: TrainConfig | None = None, *, data: PastTenseData | None = Non
                 for call in calls["record_val_loss"]:
                     call(step, val_loss)
                 bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
+            yield step
     finally:
         if inspector is not None:
             inspector.remove_all()
     seconds = time.perf_counter() - start
     return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector)
+
+
+def run_to_end(run: Generator[int, None, TrainResult]) -> TrainResult:
+    "Advance a `training_steps` generator to its end and return its result."
+    while True:
+        try:
+            next(run)
+        except StopIteration as finished:
+            return finished.value
+
+
+def train(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
+          observers: Iterable = (), inspector=None) -> TrainResult:
+    "Train the past-tense model as `config` says; returns a `TrainResult` (see `training_steps`)."
+    return run_to_end(training_steps(config, data=data, observers=observers, inspector=inspector))
