@@ -135,9 +135,10 @@ def results_markdown(bench: dict) -> str:
             ("Inspector attached but disabled (aim <= 1%)", ms.get("disabled"), bench.get("overhead_disabled")),
             ("every step, budget guard at 30%", ms.get("budget"), bench.get("overhead_budget"))]
     lines = ["# Inspector overhead", "",
-             f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam; "
-             f"{bench['steps']} steps per run, {bench['repeats']} interleaved repeats, median per-step times, "
-             f"overhead = median over repeats of (t_variant - t_baseline) / t_baseline.", "",
+             f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam. Each repeat "
+             f"trains one {bench['steps']}-step run per configuration, the runs advanced in lockstep (blocks of 20 "
+             f"steps, rotating order); t = mean time per step of a run; figures are medians over "
+             f"{bench['repeats']} repeats, overhead = median of (t_variant - t_baseline) / t_baseline.", "",
              "| configuration | median ms/step | overhead |", "|---|---:|---:|"]
     lines += [f"| {name} | {t:.3f} | {_pct(o) if o is not None else '—'} |" for name, t, o in rows if t is not None]
     verdict = "within" if bench.get("overhead", math.inf) <= 0.30 else "OVER"
