@@ -10,7 +10,7 @@ import numpy as np
 from .core import DEFAULT_DTYPE, Module, Parameter, as_float_dtype
 
 # %% auto #0
-__all__ = ['check_input', 'Linear', 'ReLU', 'Tanh', 'Dropout', 'LayerNorm']
+__all__ = ['check_input', 'check_float_array', 'Linear', 'ReLU', 'Tanh', 'Dropout', 'LayerNorm']
 
 # %% ../nbs/01_layers.ipynb #817c3ccc
 def check_input(x, layer: Module, features: int | None, dtype: np.dtype) -> np.ndarray:
@@ -21,6 +21,14 @@ def check_input(x, layer: Module, features: int | None, dtype: np.dtype) -> np.n
         raise TypeError(f"{type(layer).__name__} expects {dtype} input, got {x.dtype}")
     if features is not None and (x.ndim < 1 or x.shape[-1] != features):
         raise ValueError(f"{type(layer).__name__} expects input with last axis {features}, got shape {x.shape}")
+    return x
+
+
+def check_float_array(x, layer: Module) -> np.ndarray:
+    "Return `x` if it is a float32 or float64 array; raise `TypeError` otherwise (for layers of any width)."
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{type(layer).__name__} expects a float32 or float64 array, "
+                        f"got {getattr(x, 'dtype', type(x).__name__)}")
     return x
 
 
@@ -83,8 +91,7 @@ class ReLU(Module):
         self._y = None
 
     def forward(self, x):
-        if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
-            raise TypeError(f"ReLU expects a float32 or float64 array, got {getattr(x, 'dtype', type(x).__name__)}")
+        check_float_array(x, self)
         ### BEGIN SOLUTION
         self._y = np.maximum(x, 0)
         return self._y
@@ -105,8 +112,7 @@ class Tanh(Module):
         self._y = None
 
     def forward(self, x):
-        if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
-            raise TypeError(f"Tanh expects a float32 or float64 array, got {getattr(x, 'dtype', type(x).__name__)}")
+        check_float_array(x, self)
         ### BEGIN SOLUTION
         self._y = np.tanh(x)
         return self._y
@@ -131,8 +137,7 @@ class Dropout(Module):
         self._mask = None
 
     def forward(self, x):
-        if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
-            raise TypeError(f"Dropout expects a float32 or float64 array, got {getattr(x, 'dtype', type(x).__name__)}")
+        check_float_array(x, self)
         if not self.training or self.p == 0.0:
             self._mask = None
             return x
