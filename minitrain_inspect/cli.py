@@ -127,7 +127,7 @@ def _run_train(args) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #30841590
-def _benchmark(steps: int, repeats: int, widths) -> dict:
+def _check_benchmark_flags(steps: int, repeats: int, widths) -> None:
     if steps < 3:
         raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
     if repeats < 1:
@@ -135,6 +135,10 @@ def _benchmark(steps: int, repeats: int, widths) -> dict:
     for w in widths:
         if w < 1:
             raise ValueError(f"widths must be positive, got {w}")
+
+
+def _benchmark(steps: int, repeats: int, widths) -> dict:
+    _check_benchmark_flags(steps, repeats, widths)
     return run_benchmark(steps=steps, repeats=repeats, widths=tuple(widths), width_repeats=min(3, repeats))
 
 
@@ -143,6 +147,8 @@ def _run_demo(args) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     config = _config(args, inspect=True)
+    if not args.no_benchmark:   # check every flag before the training run, not after it
+        _check_benchmark_flags(args.bench_steps, args.bench_repeats, args.bench_widths)
     inspector = Inspector(budget=args.budget)
     result = train(config, inspector=inspector)
     summary = train_summary(result)
@@ -196,4 +202,7 @@ def main(argv=None) -> int:
         return COMMANDS[args.command](args)
     except (ValueError, TypeError, FloatingPointError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{PROG}: error: out of memory (are the --hidden widths or --batch-size too large?)", file=sys.stderr)
         return 2

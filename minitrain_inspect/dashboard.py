@@ -128,7 +128,16 @@ def draw_spectral(ax, history: History) -> None:
     _finish(ax, "5 · Spectral norm of each weight matrix", "σ_max (largest singular value)")
 
 
-def draw_units(ax_lines, hist_axes, history: History, fig: Figure) -> None:
+def _edges(steps: np.ndarray) -> np.ndarray:
+    "Cell edges around each recorded step (midpoints between neighbours), so uneven schedules draw true to time."
+    steps = steps.astype(float)
+    if steps.size == 1:
+        return np.array([steps[0] - 0.5, steps[0] + 0.5])
+    mid = (steps[1:] + steps[:-1]) / 2
+    return np.concatenate([[steps[0] - (mid[0] - steps[0])], mid, [steps[-1] + (steps[-1] - mid[-1])]])
+
+
+def draw_units(ax_lines, hist_cell, history: History, fig: Figure) -> None:
     meta = history.meta.get("histogram", {})
     names = history.names("units")
     for name in names:
@@ -140,20 +149,22 @@ def draw_units(ax_lines, hist_axes, history: History, fig: Figure) -> None:
         _no_data(ax_lines, "unit health")
     ax_lines.set_ylim(0, 100)
     _finish(ax_lines, "6 · Dead and saturated units", "% of outputs")
-    for ax, name in zip(hist_axes, names):
+    if not names:
+        return _no_data(fig.add_subplot(hist_cell), "activation histograms")
+    cells = hist_cell.subgridspec(1, len(names), wspace=0.05)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(cells[i])
         steps, _ = history.get(f"units/{name}/fraction")
         hist = np.array(history.series[f"units/{name}/histogram"].values, dtype=float).T
         info = meta[name]
-        extent = (steps[0], steps[-1] if steps[-1] > steps[0] else steps[0] + 1, info["lo"], info["hi"])
+        y_edges = np.linspace(info["lo"], info["hi"], info["bins"] + 1)
         # A log colour scale: the spike of exact zeros (ReLU) would otherwise hide the rest of the distribution.
-        image = ax.imshow(np.maximum(100 * hist, 1e-2), aspect="auto", origin="lower", extent=extent,
-                          cmap="viridis", interpolation="nearest", norm=LogNorm(vmin=1e-2, vmax=100))
+        mesh = ax.pcolormesh(_edges(steps), y_edges, np.maximum(100 * hist, 1e-2), cmap="viridis",
+                             norm=LogNorm(vmin=1e-2, vmax=100), shading="flat")
         ax.set_title(f"6 · {_short(name)}: activation histogram over time", loc="left", fontsize=10)
         ax.set_xlabel("training step")
-        ax.set_ylabel("activation value")
-        fig.colorbar(image, ax=ax, label="% of outputs in bin (log)", pad=0.01)
-    for ax in hist_axes[len(names):]:
-        ax.set_visible(False)
+        ax.set_ylabel("activation value" if i == 0 else "")
+        fig.colorbar(mesh, ax=ax, label="% of outputs in bin (log)", pad=0.01)
 
 
 def draw_per_class(ax, history: History) -> None:
@@ -227,10 +238,8 @@ def render_dashboard(history: History, title: str | None = None, figsize=(16, 22
     draw_gradients([fig.add_subplot(grad[0]), fig.add_subplot(grad[1])], history)
     draw_updates(fig.add_subplot(grid[2, 0]), history)
     draw_spectral(fig.add_subplot(grid[2, 1]), history)
-    units_lines = fig.add_subplot(grid[3, 0])
-    hist_axes = [fig.add_subplot(grid[3, 1]), fig.add_subplot(grid[4, 0])]
-    draw_units(units_lines, hist_axes, history, fig)
-    draw_summary(fig.add_subplot(grid[4, 1]), history)
+    draw_units(fig.add_subplot(grid[3, 0]), grid[4, :], history, fig)
+    draw_summary(fig.add_subplot(grid[3, 1]), history)
     fig.suptitle(title or "minitrain-inspect: is this run healthy?", fontsize=15, fontweight="bold")
     return fig
 

@@ -5,6 +5,7 @@
 # %% ../nbs/10_inspect.ipynb #a29fe765
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Iterable
@@ -54,11 +55,20 @@ class Inspector:
         self.stats: dict[str, dict] = {}
         self.kinds: dict[str, str] = {}          # stat name -> activation | gradient | grad_output
         self.history = History(max_points)
-        self.schedules = {panel: as_schedule(DEFAULT_SCHEDULES[panel]) for panel in PANELS}
+        initial = {panel: as_schedule(DEFAULT_SCHEDULES[panel]) for panel in PANELS}
         for panel, spec in (schedules or {}).items():
             if panel not in PANELS:
                 raise ValueError(f"unknown panel {panel!r}; the panels are {PANELS}")
-            self.schedules[panel] = as_schedule(spec)
+            initial[panel] = as_schedule(spec)
+        # Private copies: the budget guard stretches them, and must not touch a schedule object the caller shares.
+        self._initial_schedules = {panel: copy.copy(schedule) for panel, schedule in initial.items()}
+        self.schedules = {panel: copy.copy(schedule) for panel, schedule in initial.items()}
+        if per_class_by not in ("lab", "lexicon"):
+            raise ValueError(f"per_class_by must be 'lab' or 'lexicon', got {per_class_by!r}")
+        for label, value, minimum in (("histogram_bins", histogram_bins, 1), ("max_points", max_points, 2),
+                                      ("budget_window", budget_window, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+                raise ValueError(f"{label} must be an integer of at least {minimum}, got {value!r}")
         self.budget = None if budget is None else float(budget)
         self.budget_window = int(budget_window)
         self.throttled: list[dict] = self.history.meta.setdefault("throttled", [])  # saved with the history
@@ -75,6 +85,8 @@ class Inspector:
         self._scratch: dict[str, np.ndarray] = {}   # per-name buffers, reused every step (no page faults)
         self._window = {"steps": 0, "step_time": 0.0, "by_panel": dict.fromkeys(PANELS, 0.0)}
         self._step_started = 0.0
+        self._live: dict[str, HookHandle] = {}      # stat name -> its active handle
+        self._attached_by_run = False
 
     def _named_params(self, params) -> list[tuple[str, Parameter]]:
         known = {id(p): n for n, p in self.model.named_parameters()} if self.model is not None else {}
@@ -101,10 +113,17 @@ class Inspector:
 
     # -- registration ----------------------------------------------------------
     def _new_stat(self, name: str, kind: str) -> None:
-        if name in self.stats:
-            raise ValueError(f"a statistic named {name!r} is already registered")
-        self.stats[name] = new_state()
+        live = self._live.get(name)
+        if live is not None and live.active:
+            raise ValueError(f"a statistic named {name!r} is already registered (and its hook is active)")
+        if name not in self.stats:  # re-registering after a removal continues the same statistics
+            self.stats[name] = new_state()
         self.kinds[name] = kind
+
+    def _keep(self, name: str, handle: HookHandle) -> HookHandle:
+        self._live[name] = handle
+        self.handles.append(handle)
+        return handle
 
     def register_forward(self, name: str, module: Module) -> HookHandle:
         "Stream the statistics of `module`'s output under `name`; feeds panels 2 and 6."
@@ -119,9 +138,7 @@ class Inspector:
             if self._act_due:
                 self._on_activation(name, unit_kind, output)
 
-        handle = module.register_forward_hook(forward_hook)
-        self.handles.append(handle)
-        return handle
+        return self._keep(name, module.register_forward_hook(forward_hook))
         ### END SOLUTION
 
     def register_backward(self, name: str, param: Parameter) -> HookHandle:
@@ -135,9 +152,7 @@ class Inspector:
             if self._grad_due:
                 self._on_gradient(name, "gradients", grad)
 
-        handle = param.register_hook(param_hook)
-        self.handles.append(handle)
-        return handle
+        return self._keep(name, param.register_hook(param_hook))
         ### END SOLUTION
 
     def register_grad_output(self, name: str, module: Module) -> HookHandle:
@@ -151,19 +166,15 @@ class Inspector:
             if self._grad_due:
                 self._on_gradient(key, "act_grads", grad_output)
 
-        handle = module.register_backward_hook(grad_output_hook)
-        self.handles.append(handle)
-        return handle
+        return self._keep(key, module.register_backward_hook(grad_output_hook))
 
     def attach(self, model: Module | None = None) -> "Inspector":
         "Hook every leaf module (forward and output gradient) and every parameter of the model."
         model = model if model is not None else self.model
         if model is None:
             raise ValueError("attach needs a model: Inspector(model).attach() or inspector.attach(model)")
-        if self.model is None:
-            self.model = model
-        if not self.params:
-            self.params = [(n, p) for n, p in model.named_parameters()]
+        if model is not self.model or not self.params:
+            self.model, self.params = model, [(n, p) for n, p in model.named_parameters()]
         for name, module in model.named_modules():
             if module.is_leaf():
                 self.register_forward(name or type(module).__name__, module)
@@ -177,6 +188,7 @@ class Inspector:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        self._live.clear()
 
     def __enter__(self):
         return self
@@ -221,9 +233,23 @@ class Inspector:
 
     # -- the training loop's side (observer methods) ---------------------------------
     def begin_run(self, model: Module) -> None:
-        "Attach to the loop's model if this Inspector has no hooks yet (so `train(observers=[Inspector()])` works)."
-        if not self.handles:
-            self.attach(model)
+        """Attach to the loop's model (so `train(observers=[Inspector()])` works); `end_run` detaches again.
+
+        An Inspector watches one run at a time: one that has recorded a run before starts afresh (`reset`)."""
+        if self.handles:
+            if self.model is not model:
+                raise ValueError("this Inspector is attached to another model; call remove_all() first")
+            return
+        if self.step is not None:
+            self.reset()
+        self.attach(model)
+        self._attached_by_run = True
+
+    def end_run(self) -> None:
+        "Remove the hooks that `begin_run` registered (called by the training loop, also when training fails)."
+        if self._attached_by_run:
+            self.remove_all()
+            self._attached_by_run = False
 
     def begin_step(self, step: int) -> None:
         "Decide which panels measure at this step and open the hooks accordingly."
@@ -348,8 +374,13 @@ class Inspector:
         self._spectral.clear()
         self._scratch.clear()
         self._update_buffers.clear()
+        self._weight_norms = {}
         self.throttled.clear()
         self.cost = dict.fromkeys(PANELS, 0.0)
+        self.schedules = {panel: copy.copy(schedule) for panel, schedule in self._initial_schedules.items()}
+        self._window = {"steps": 0, "step_time": 0.0, "by_panel": dict.fromkeys(PANELS, 0.0)}
+        self.step = None
+        self._act_due = self._grad_due = self._enabled
 
     def __repr__(self):
         return f"Inspector({len(self.handles)} hooks, {len(self.stats)} statistics, enabled={self.enabled})"

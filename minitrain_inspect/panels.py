@@ -219,14 +219,17 @@ SATURATION = 0.97
 
 
 def unhealthy_fraction(output: np.ndarray, kind: str) -> float:
-    "Fraction of ReLU outputs <= 0, or of tanh outputs with |a| > 0.97."
-    if output.size == 0:
+    "Fraction of ReLU outputs <= 0, or of tanh outputs with |a| > 0.97, among the non-NaN outputs (nan if none)."
+    if kind not in ("relu", "tanh"):
+        raise ValueError(f"unit health is defined for 'relu' and 'tanh', got {kind!r}")
+    total = output.size
+    if total and not math.isfinite(float(output.sum(dtype=np.float64))):
+        total -= int(np.count_nonzero(np.isnan(output)))   # NaN is neither healthy nor unhealthy: leave it out
+    if total == 0:
         return math.nan
     if kind == "relu":
-        return np.count_nonzero(output <= 0) / output.size
-    if kind == "tanh":
-        return np.count_nonzero(np.abs(output) > SATURATION) / output.size
-    raise ValueError(f"unit health is defined for 'relu' and 'tanh', got {kind!r}")
+        return np.count_nonzero(output <= 0) / total
+    return np.count_nonzero(np.abs(output) > SATURATION) / total
 
 
 def histogram_edges(kind: str, bins: int = 40) -> np.ndarray:
@@ -243,5 +246,7 @@ def fixed_histogram(x: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarra
     np.clip(position, 0, bins - 1, out=position)
     if not math.isfinite(float(position.sum())):      # NaN survives clipping: drop it
         position = position[~np.isnan(position)]
+    if position.size == 0:
+        return np.full(bins, np.nan)                       # nothing to count: no histogram, not an empty one
     counts = np.bincount(position.astype(np.intp), minlength=bins)
-    return counts / max(position.size, 1)
+    return counts / position.size

@@ -36,8 +36,10 @@ def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray,
     bad = [label for label in labels if not isinstance(label, str)]
     if bad:
         raise TypeError(f"verb labels must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
-    # A finite sum proves every loss is finite; only a non-finite sum needs the elementwise check.
-    if loss.size and math.isfinite(float(loss.sum(dtype=np.float64))):
+    # A finite sum proves every loss is finite; only a non-finite sum (NaN, inf, or overflow) needs the mask.
+    with np.errstate(over="ignore"):
+        total = float(loss.sum(dtype=np.float64)) if loss.size else 0.0
+    if math.isfinite(total):
         return loss, labels
     finite = np.isfinite(loss)
     if not finite.all():
@@ -59,7 +61,9 @@ def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: 
     for label, mask in (("regular", regular), ("irregular", irregular)):
         if np.shape(mask) != loss.shape or np.asarray(mask).dtype != bool:
             raise ValueError(f"the {label} mask must be a boolean array of shape {loss.shape}")
-    if loss.size and not math.isfinite(float(loss.sum(dtype=np.float64))):
+    with np.errstate(over="ignore"):
+        total = float(loss.sum(dtype=np.float64)) if loss.size else 0.0
+    if not math.isfinite(total) and not np.isfinite(loss).all():
         raise ValueError(f"per_example_loss has {int((~np.isfinite(loss)).sum())} non-finite value(s)")
     return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
 

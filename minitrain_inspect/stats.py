@@ -17,7 +17,10 @@ __all__ = ['new_state', 'TensorMoments', 'tensor_moments', 'merge_moments', 'wel
 def new_state() -> dict:
     "An empty streaming-statistics state."
     return {"n": 0, "mean": 0.0, "m2": 0.0, "min": math.inf, "max": -math.inf, "l2": math.nan,
-            "l2_mean": 0.0, "tensors": 0, "nonfinite": 0}
+            "l2_mean": 0.0, "l2_tensors": 0, "tensors": 0, "nonfinite": 0}
+
+
+_STATE_KEYS = tuple(new_state())
 
 
 class TensorMoments(NamedTuple):
@@ -32,7 +35,7 @@ class TensorMoments(NamedTuple):
     @property
     def l2(self) -> float:
         "L2 norm: sqrt(sum of squares) = sqrt(M2 + n mean^2), with no extra pass over the data."
-        return math.sqrt(self.m2 + self.n * self.mean * self.mean) if self.n else 0.0
+        return math.sqrt(self.m2 + self.n * self.mean * self.mean) if self.n else math.nan
 
     @property
     def std(self) -> float:
@@ -87,8 +90,12 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     if flat.dtype == np.float32:
         # Deviations in float32 are exact near the mean (Sterbenz); squares are rounded once (relative 6e-8,
         # unbiased) and summed in float64. This skips a float64 copy of the tensor, the dearest pass.
-        dev = np.subtract(flat, np.float32(mean), out=_buffer(scratch, size, np.float32))
-        m2 = float(np.add.reduce(np.square(dev, out=dev), dtype=np.float64))
+        centre = np.float32(mean)
+        dev = np.subtract(flat, centre, out=_buffer(scratch, size, np.float32))
+        # Deviations are taken from the float32-rounded mean; sum (x-c)^2 = sum (x-mean)^2 + n (mean-c)^2 removes
+        # the offset exactly, in float64.
+        m2 = float(np.add.reduce(np.square(dev, out=dev), dtype=np.float64)) - size * (mean - float(centre)) ** 2
+        m2 = max(m2, 0.0)
     else:
         dev = np.subtract(flat, mean, dtype=np.float64, out=_buffer(scratch, size, np.float64))
         m2 = float(np.dot(dev, dev))
@@ -118,30 +125,40 @@ def _fold(state: dict, tm: TensorMoments) -> None:
     state["nonfinite"] += tm.nonfinite
 
 
+def _complete(state: dict) -> dict:
+    "Fill in any key a state lacks (a state begun as a plain dict with only the lab's keys, say)."
+    if len(state) < len(_STATE_KEYS):
+        for key, value in new_state().items():
+            state.setdefault(key, value)
+    return state
+
+
 def welford_update(state: dict, x, scratch: np.ndarray | None = None) -> TensorMoments:
-    "Fold tensor `x` into `state` (in place; an empty dict is initialised). Returns the moments of `x` itself."
-    if not state:
-        state.update(new_state())
+    "Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself."
+    _complete(state)
     tm = tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
     _fold(state, tm)
     state["tensors"] += 1
     state["l2"] = tm.l2
-    state["l2_mean"] += (tm.l2 - state["l2_mean"]) / state["tensors"]
+    if tm.n:  # a tensor with no finite value has no norm (nan); it does not pull the running mean to 0
+        state["l2_tensors"] += 1
+        state["l2_mean"] += (tm.l2 - state["l2_mean"]) / state["l2_tensors"]
     return tm
 
 
 def merge(a: dict, b: dict) -> dict:
     "A new state equal to one that had seen the data of `a` and then of `b`."
-    a = a if a else new_state()
-    b = b if b else new_state()
+    a = _complete(dict(a))
+    b = _complete(dict(b))
     out = dict(a)
     _fold(out, TensorMoments(b["n"], b["mean"], b["m2"], b["min"], b["max"], b["nonfinite"]))
-    tensors = a["tensors"] + b["tensors"]
-    out["tensors"] = tensors
+    out["tensors"] = a["tensors"] + b["tensors"]
     out["l2"] = b["l2"] if b["tensors"] else a["l2"]
-    out["l2_mean"] = (a["l2_mean"] * a["tensors"] + b["l2_mean"] * b["tensors"]) / tensors if tensors else 0.0
+    l2_tensors = a["l2_tensors"] + b["l2_tensors"]
+    out["l2_tensors"] = l2_tensors
+    out["l2_mean"] = (a["l2_mean"] * a["l2_tensors"] + b["l2_mean"] * b["l2_tensors"]) / l2_tensors if l2_tensors else 0.0
     return out
 
 # %% ../nbs/08_stats.ipynb #7b81c2bf
@@ -172,6 +189,6 @@ def summarize(state: dict) -> dict:
     var = s["m2"] / (n - 1) if n > 1 else math.nan
     return to_jsonable({
         "n": n, "mean": s["mean"] if n else math.nan, "var": var, "std": math.sqrt(var) if n > 1 else math.nan,
-        "min": s["min"], "max": s["max"], "l2": s["l2"], "l2_mean": s["l2_mean"] if s["tensors"] else math.nan,
+        "min": s["min"], "max": s["max"], "l2": s["l2"], "l2_mean": s["l2_mean"] if s["l2_tensors"] else math.nan,
         "tensors": s["tensors"], "nonfinite": s["nonfinite"],
     })

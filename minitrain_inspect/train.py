@@ -171,7 +171,8 @@ class TrainResult:
     inspector: object = None
 
 
-OBSERVER_EVENTS = ("begin_run", "begin_step", "before_update", "after_update", "end_step", "record_val_loss")
+OBSERVER_EVENTS = ("begin_run", "begin_step", "before_update", "after_update", "end_step", "record_val_loss",
+                   "end_run")
 
 
 def _val_loss(model, loss_fn, split) -> float:
@@ -242,8 +243,8 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
                 bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
             yield step
     finally:
-        if inspector is not None:
-            inspector.remove_all()
+        for call in calls["end_run"]:
+            call()
     seconds = time.perf_counter() - start
     return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector)
 

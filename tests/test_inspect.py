@@ -166,3 +166,61 @@ def test_inspect_flag_records_every_panel():
     assert panels == {"loss", "activations", "gradients", "act_grads", "updates", "spectral", "units", "per_class"}
     steps, regular = r.inspector.history.get("per_class/regular")
     assert len(steps) == 60 and np.isfinite(regular).all()
+
+
+# -- regressions found in review ------------------------------------------------------------------
+
+def test_an_inspector_reused_for_a_second_run_starts_afresh_and_detaches():
+    inspector = Inspector()
+    first = train(TrainConfig(steps=12, progress=False), observers=[inspector])
+    assert not inspector.handles                                   # end_run took the hooks off
+    assert sum(len(m._forward_hooks) for _, m in first.model.named_modules()) == 0
+    second = train(TrainConfig(steps=7, progress=False), observers=[inspector])
+    assert inspector.model is second.model
+    steps, _ = inspector.history.get("loss/train")
+    assert list(steps) == list(range(7))                           # no mixing of the two runs
+    assert inspector.stats["mlp.act1"]["tensors"] == 1             # step 0 of the second run only
+
+
+def test_attached_to_another_model_is_an_error(small_net):
+    inspector = Inspector(small_net).attach()
+    with pytest.raises(ValueError, match="attached to another model"):
+        train(TrainConfig(steps=2, progress=False), observers=[inspector])
+
+
+def test_budget_guard_does_not_mutate_callers_schedule():
+    from minitrain_inspect.panels import Every
+    shared = Every(1)
+    inspector = Inspector(schedules={p: shared for p in EVERY_STEP}, budget=0.01, budget_window=5)
+    train(TrainConfig(steps=40, progress=False), inspector=inspector)
+    assert inspector.throttled and shared.n == 1
+    inspector.reset()
+    assert all(s.n == 1 for s in inspector.schedules.values())     # reset restores the schedules too
+
+
+def test_reset_between_before_and_after_update_is_harmless(small_net, batch):
+    inspector = Inspector(small_net, schedules=EVERY_STEP).attach()
+    inspector.begin_step(0)
+    inspector.before_update(0)
+    inspector.reset()
+    inspector.after_update(0)
+    inspector.end_step(0, loss=1.0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(per_class_by="colour"), "per_class_by"),
+    (dict(histogram_bins=0), "histogram_bins"),
+    (dict(max_points=1), "max_points"),
+    (dict(budget_window=0), "budget_window"),
+])
+def test_inspector_arguments_checked_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Inspector(**kwargs)
+
+
+def test_nan_activations_do_not_look_healthy(small_net, batch):
+    inspector = Inspector(small_net, schedules=EVERY_STEP).attach()
+    small_net(np.full_like(batch, np.nan))
+    _, frac = inspector.history.get("units/act/fraction")
+    assert math.isnan(frac[0])
+    assert math.isnan(inspector.stats["act"]["l2"])

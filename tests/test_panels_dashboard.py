@@ -89,8 +89,24 @@ def test_dashboard_png_and_jsonl_round_trip(default_run, tmp_path):
     for number in range(1, 8):
         assert f"{number} ·" in titles, number
     for ax in fig.axes:
-        if ax.get_visible() and ax.axison and not ax.get_images() and ax.get_label() != "<colorbar>":
+        is_histogram = bool(ax.collections) and not ax.lines
+        if ax.get_visible() and ax.axison and not is_histogram and ax.get_label() != "<colorbar>":
             assert ax.get_ylabel(), ax.get_title(loc="left")
+
+
+def test_one_histogram_per_activation_layer_at_the_right_steps():
+    inspector = Inspector(schedules={"units": LogSchedule(ratio=1.5, dense=4)})
+    train(TrainConfig(steps=60, hidden=(16, 16, 16), progress=False), inspector=inspector)
+    history = inspector.history
+    assert history.names("units") == ["mlp.act1", "mlp.act2", "mlp.act3"]
+    fig = render_dashboard(history)
+    meshes = [c for ax in fig.axes if ax.get_label() != "<colorbar>"
+              for c in ax.collections if type(c).__name__ == "QuadMesh"]
+    assert len(meshes) == 3
+    steps, _ = history.get("units/mlp.act1/fraction")
+    x_edges = meshes[0].get_coordinates()[0, :, 0]
+    assert len(x_edges) == len(steps) + 1
+    assert np.all((x_edges[:-1] < steps) & (steps < x_edges[1:]))   # each column sits at its own (uneven) step
 
 
 def test_summary_reports_the_lag(default_run):

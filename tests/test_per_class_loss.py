@@ -49,3 +49,8 @@ def test_lexicon_mode_counts_every_verb_and_rejects_unknown():
 def test_bad_input(loss, labels, error, message):
     with pytest.raises(error, match=message):
         partition_batch_loss(loss, labels)
+
+
+def test_large_but_finite_losses_are_accepted():
+    r, i = partition_batch_loss(np.array([1e308, 1e308]), ["walk", "go"])
+    assert (r, i) == (1e308, 1e308)

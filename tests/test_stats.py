@@ -124,3 +124,17 @@ def test_merge_matches_numpy():
     m = merge(feed([a]), feed([b]))
     both = np.concatenate([a, b])
     assert rel(m["m2"] / (m["n"] - 1), np.var(both, ddof=1)) <= 1e-9
+
+
+@pytest.mark.parametrize("offset,spread", [(1e3, 1e-3), (1e4, 1e-2), (1e6, 1.0)])
+def test_float32_with_large_offset(offset, spread):
+    x = (offset + spread * rng.standard_normal(100_000)).astype(np.float32)
+    s = summarize(feed(np.array_split(x, 9)))
+    assert rel(s["var"], x.astype(np.float64).var(ddof=1)) <= 1e-7
+
+
+def test_lab_shaped_state_dict():
+    state = {"n": 0}
+    welford_update(state, np.array([2.0, 4.0]))
+    assert state["mean"] == 3.0 and state["m2"] == 2.0
+    assert merge({"n": 0}, state)["n"] == 2
