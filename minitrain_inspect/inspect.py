@@ -8,19 +8,21 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Iterable
 
 import numpy as np
 
 from .core import HookHandle, Module, Parameter
 from .layers import ReLU, Tanh
-from .panels import (ACTIVATION_RANGES, Every, History, LogSchedule, SpectralNorm, as_schedule,
-                                      fixed_histogram, unhealthy_fraction)
+from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
+                                      unhealthy_fraction)
 from .per_class_loss import mean_by_class, partition_batch_loss
-from .stats import new_state, summarize, to_jsonable, welford_update
+from .stats import new_state, summarize, welford_update
+
+# The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
+_all_ = ["HookHandle", "welford_update"]
 
 # %% auto #0
-__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'EXPENSIVE_PANELS', 'Inspector']
+__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'EXPENSIVE_PANELS', 'Inspector', 'HookHandle', 'welford_update']
 
 # %% ../nbs/10_inspect.ipynb #cbddc58f
 PANELS = ("loss", "activations", "gradients", "updates", "spectral", "units", "per_class")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .inspect import EVERY_STEP, PANELS, Inspector
-from .train import TrainConfig, run_to_end, train, training_steps
+from .train import TrainConfig, run_to_end, training_steps
 
 # %% auto #0
 __all__ = ['VARIANTS', 'lockstep', 'run_benchmark', 'machine_description', 'results_markdown', 'write_results']

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Generator, Iterable
 
 import numpy as np

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from minitrain_inspect.core import Sequential
-from minitrain_inspect.layers import Linear, ReLU, Tanh
+from minitrain_inspect.layers import Linear, ReLU
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from minitrain_inspect.core import HookHandle, Module, Parameter, Sequential
+from minitrain_inspect.core import HookHandle, Parameter, Sequential
 from minitrain_inspect.layers import Linear, ReLU
 
 

@@ -1,14 +1,13 @@
 "The Inspector: the lab's four tests, then hooks, statistics, panels and invariants."
 import json
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
 
 from minitrain_inspect.core import Sequential
 from minitrain_inspect.inspect import EVERY_STEP, HookHandle, Inspector, welford_update
-from minitrain_inspect.layers import Linear, ReLU, Tanh
+from minitrain_inspect.layers import Linear, ReLU
 from minitrain_inspect.per_class_loss import partition_batch_loss
 from minitrain_inspect.train import TrainConfig, train
 

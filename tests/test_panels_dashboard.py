@@ -1,15 +1,13 @@
 "Issue 4: schedules, bounded memory, budget guard, spectral norms, the dashboard and its saved history."
 import json
-import math
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minitrain_inspect.dashboard import render_dashboard, save_dashboard, summary_lines
 from minitrain_inspect.inspect import EVERY_STEP, Inspector
-from minitrain_inspect.panels import BoundedSeries, Every, History, LogSchedule, SpectralNorm, as_schedule
+from minitrain_inspect.panels import BoundedSeries, Every, History, LogSchedule, as_schedule
 from minitrain_inspect.train import TrainConfig, train
 
 INSPECTOR_FILES = ("inspect.py", "panels.py", "stats.py", "per_class_loss.py")

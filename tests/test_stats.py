@@ -1,13 +1,12 @@
 "Streaming statistics against NumPy on hard data, and merge invariance (hypothesis)."
 import json
-import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minitrain_inspect.stats import merge, new_state, summarize, tensor_moments, to_jsonable, welford_update
+from minitrain_inspect.stats import merge, new_state, summarize, to_jsonable, welford_update
 
 rng = np.random.default_rng(7)
 

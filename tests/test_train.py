@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from minitrain_inspect.train import TrainConfig, accuracy, params_sha256, train
+from minitrain_inspect.train import TrainConfig, train
 
 
 def test_same_config_same_parameters():
