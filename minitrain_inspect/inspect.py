@@ -135,6 +135,10 @@ class Inspector:
         self._new_stat(name, "activation")
         unit_kind = _activation_kind(module)
         self.history.meta.setdefault("module_types", {})[name] = type(module).__name__
+        if unit_kind is not None:  # the fixed bins of this layer's histogram, recorded once
+            lo, hi = ACTIVATION_RANGES[unit_kind]
+            self.history.meta.setdefault("histogram", {})[name] = {"kind": unit_kind, "lo": lo, "hi": hi,
+                                                                   "bins": self.histogram_bins}
 
         def forward_hook(mod, args, kwargs, output):
             if self._act_due:
@@ -220,8 +224,6 @@ class Inspector:
         if unit_kind is not None and self._due["units"]:
             mid = time.perf_counter()
             lo, hi = ACTIVATION_RANGES[unit_kind]
-            self.history.meta.setdefault("histogram", {})[name] = {"kind": unit_kind, "lo": lo, "hi": hi,
-                                                                   "bins": self.histogram_bins}
             self.history.record(f"units/{name}/fraction", step, unhealthy_fraction(output, unit_kind))
             self.history.record(f"units/{name}/histogram", step,
                                 fixed_histogram(output, lo, hi, self.histogram_bins).tolist())
@@ -264,7 +266,6 @@ class Inspector:
         self._due = due
         self._act_due = due["activations"] or due["units"]
         self._grad_due = due["gradients"]
-
 
     def _sum_of_squares(self, x: np.ndarray, out: np.ndarray) -> float:
         return float(np.add.reduce(np.square(x, out=out).reshape(-1), dtype=np.float64))
@@ -371,8 +372,7 @@ class Inspector:
         "Forget all statistics, history and costs; the hooks stay."
         for name in self.stats:
             self.stats[name] = new_state()
-        self.history.series.clear()
-        self.history.meta.pop("histogram", None)
+        self.history.series.clear()  # the metadata (module types, histogram bins, throttling list) stays
         self._spectral.clear()
         self._scratch.clear()
         self._update_buffers.clear()

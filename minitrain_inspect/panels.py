@@ -141,10 +141,6 @@ class History:
         "Total points stored, over every series."
         return sum(len(s) for s in self.series.values())
 
-    def clear(self) -> None:
-        self.series.clear()
-        self.meta.clear()
-
     def save_jsonl(self, path) -> Path:
         path = Path(path)
         with path.open("w", encoding="utf-8") as f:
