@@ -31,7 +31,7 @@ def as_float_dtype(dtype) -> np.dtype:
 class HookHandle:
     "A registered hook. `remove()` unregisters it (idempotent); `with handle:` removes it on exit."
 
-    KINDS = ("forward", "backward")
+    KINDS = ("forward", "backward", "step_pre", "step_post")
 
     def __init__(self, target, hook_fn: Callable, kind: str):
         if kind not in self.KINDS:
@@ -97,19 +97,81 @@ class Parameter:
         return f"Parameter(shape={self.shape}, dtype={self.dtype})"
 
 # %% ../nbs/00_core.ipynb #641ca0ac
+class _SavedForBackward:
+    "The values a module's forward calls saved for backward: a bounded stack, read last in, first out."
+
+    __slots__ = ("entries", "stale", "dropped", "lost_mode", "pass_reads")
+
+    def __init__(self):
+        self.entries: list[tuple[bool, tuple]] = []  # (module.training at the call, saved values)
+        self.stale = None       # "read" after a backward read, "mode" after a mode change: next forward starts afresh
+        self.dropped = 0        # entries dropped at the bottom because the stack was full
+        self.lost_mode = None   # the mode of unread entries that a mode change discarded
+        self.pass_reads = None  # reads of the last entry in the current `backprop` pass; None outside a pass
+
+    def push(self, module: "Module", values: tuple) -> None:
+        if self.stale:
+            self.lost_mode = self.entries[-1][0] if self.stale == "mode" and self.entries else None
+            self.entries.clear()
+            self.stale, self.dropped = None, 0
+        if len(self.entries) >= module.max_saved_calls:
+            del self.entries[0]
+            self.dropped += 1
+        self.entries.append((module.training, values))
+
+    def pop(self, module: "Module") -> tuple:
+        name = type(module).__name__
+        if not self.entries:
+            raise RuntimeError(f"{name}.backward called before forward")
+        training, values = self.entries[-1]
+        if training != module.training and self.lost_mode == module.training:
+            raise RuntimeError(f"{name}.backward: a forward in {'training' if training else 'eval'} mode came "
+                               "between this module's forward and its backward and replaced its saved values")
+        self.stale = "read"
+        if len(self.entries) > 1:
+            self.entries.pop()
+            return values
+        if self.pass_reads is not None:
+            if self.pass_reads:
+                dropped = (f"; it was called more than max_saved_calls={module.max_saved_calls} times without a "
+                           f"backward, and its oldest {self.dropped} call(s) were dropped") if self.dropped else ""
+                raise RuntimeError(f"{name}.backward ran more often in this backward pass than its forward calls "
+                                   f"left saved values for (a module called several times must be backpropagated "
+                                   f"once per forward){dropped}")
+            self.pass_reads = 1
+        return values
+
+    def mode_changed(self) -> None:
+        if self.stale != "read":
+            self.stale = "mode"
+
+# %% ../nbs/00_core.ipynb #edf2f23b
 class Module:
-    "Base class: subclasses write `forward` and `backward`; the base class adds hooks, traversal and train/eval mode."
+    "Base class: subclasses write `forward` and `backward`; the base class adds hooks, saved values, traversal and train/eval mode."
+
+    max_saved_calls = 32  # forward calls whose saved values a module keeps without a backward (the bound)
 
     def __init__(self):
         self.training = True
         self._forward_hooks: dict = {}
         self._backward_hooks: dict = {}
+        self._saved = _SavedForBackward()
 
     def forward(self, *args, **kwargs):
+        "Compute the output (subclasses write this, calling `save_for_backward` with what `backward` needs)."
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
     def backward(self, grad_output):
+        "Return the input gradient and accumulate parameter gradients (subclasses write this)."
         raise NotImplementedError(f"{type(self).__name__} must implement backward")
+
+    def save_for_backward(self, *values) -> None:
+        "In `forward`: keep `values` for the backward of this call (each call of a reused module keeps its own)."
+        self._saved.push(self, values)
+
+    def saved_for_backward(self) -> tuple:
+        "In `backward`: the values saved by the most recent forward call not yet undone (last in, first out)."
+        return self._saved.pop(self)
 
     def __call__(self, *args, **kwargs):
         ### BEGIN SOLUTION
@@ -131,7 +193,14 @@ class Module:
 
     def backprop(self, grad_output):
         "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
-        grad_input = self.run_backward(grad_output)
+        modules = [module for _, module in self.named_modules()]
+        for module in modules:  # a pass begins: saved values count their reads from here
+            module._saved.pass_reads = 0
+        try:
+            grad_input = self.run_backward(grad_output)
+        finally:
+            for module in modules:
+                module._saved.pass_reads = None
         for param in self.parameters():
             if param._backward_hooks:
                 for hook in tuple(param._backward_hooks.values()):
@@ -158,6 +227,7 @@ class Module:
                         yield f"{attr}.{i}", item
 
     def children(self) -> Iterator["Module"]:
+        "Direct sub-modules, in the order of `named_children`."
         for _, child in self.named_children():
             yield child
 
@@ -184,25 +254,33 @@ class Module:
                     yield (f"{mod_name}.{attr}" if mod_name else attr), value
 
     def parameters(self) -> list[Parameter]:
+        "Every parameter once, in `named_parameters` order."
         return [p for _, p in self.named_parameters()]
 
     def is_leaf(self) -> bool:
+        "True if this module has no sub-modules."
         return next(self.named_children(), None) is None
 
     def zero_grad(self) -> None:
+        "Zero the gradient of every parameter."
         for p in self.parameters():
             p.zero_grad()
 
     def train(self, mode: bool = True) -> "Module":
-        "Set training mode on this module and every descendant."
+        "Set training mode on this module and every descendant (a module whose mode changes starts a fresh stack)."
+        mode = bool(mode)
         for _, module in self.named_modules():
-            module.training = bool(mode)
+            if module.training != mode:
+                module._saved.mode_changed()
+            module.training = mode
         return self
 
     def eval(self) -> "Module":
+        "Set evaluation mode on this module and every descendant."
         return self.train(False)
 
     def extra_repr(self) -> str:
+        "Extra text inside this module's `repr` (subclasses override it)."
         return ""
 
     def __repr__(self):
