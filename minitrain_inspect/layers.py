@@ -32,10 +32,6 @@ def check_float_array(x, layer: Module) -> np.ndarray:
     return x
 
 
-def _need_cache(layer: Module, value):
-    if value is None:
-        raise RuntimeError(f"{type(layer).__name__}.backward called before forward")
-    return value
 
 # %% ../nbs/01_layers.ipynb #78afd192
 class Linear(Module):
@@ -56,12 +52,11 @@ class Linear(Module):
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.weight = Parameter((rng.standard_normal((in_features, out_features)) * std).astype(dtype))
         self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
-        self._x = None
 
     def forward(self, x):
         check_input(x, self, self.in_features, self.weight.dtype)
         ### BEGIN SOLUTION
-        self._x = x
+        self.save_for_backward(x)
         y = x @ self.weight.data
         if self.bias is not None:
             y += self.bias.data
@@ -69,8 +64,8 @@ class Linear(Module):
         ### END SOLUTION
 
     def backward(self, grad_output):
-        x = _need_cache(self, self._x)
         ### BEGIN SOLUTION
+        x, = self.saved_for_backward()
         x2 = x.reshape(-1, self.in_features)
         g2 = grad_output.reshape(-1, self.out_features)
         self.weight.grad += x2.T @ g2
@@ -86,20 +81,17 @@ class Linear(Module):
 class ReLU(Module):
     "Rectified linear unit, `max(x, 0)`."
 
-    def __init__(self):
-        super().__init__()
-        self._y = None
-
     def forward(self, x):
         check_float_array(x, self)
         ### BEGIN SOLUTION
-        self._y = np.maximum(x, 0)
-        return self._y
+        y = np.maximum(x, 0)
+        self.save_for_backward(y)
+        return y
         ### END SOLUTION
 
     def backward(self, grad_output):
-        y = _need_cache(self, self._y)
         ### BEGIN SOLUTION
+        y, = self.saved_for_backward()
         return grad_output * (y > 0)
         ### END SOLUTION
 
@@ -107,20 +99,17 @@ class ReLU(Module):
 class Tanh(Module):
     "Hyperbolic tangent."
 
-    def __init__(self):
-        super().__init__()
-        self._y = None
-
     def forward(self, x):
         check_float_array(x, self)
         ### BEGIN SOLUTION
-        self._y = np.tanh(x)
-        return self._y
+        y = np.tanh(x)
+        self.save_for_backward(y)
+        return y
         ### END SOLUTION
 
     def backward(self, grad_output):
-        y = _need_cache(self, self._y)
         ### BEGIN SOLUTION
+        y, = self.saved_for_backward()
         return grad_output * (1 - y * y)
         ### END SOLUTION
 
@@ -134,19 +123,20 @@ class Dropout(Module):
             raise ValueError(f"Dropout p must lie in [0, 1), got {p!r}")
         self.p = float(p)
         self.rng = np.random.default_rng(rng)
-        self._mask = None
 
     def forward(self, x):
         check_float_array(x, self)
         if not self.training or self.p == 0.0:
-            self._mask = None
+            self.save_for_backward(None)
             return x
         keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p
-        self._mask = keep * x.dtype.type(1.0 / (1.0 - self.p))
-        return x * self._mask
+        mask = keep * x.dtype.type(1.0 / (1.0 - self.p))
+        self.save_for_backward(mask)
+        return x * mask
 
     def backward(self, grad_output):
-        return grad_output if self._mask is None else grad_output * self._mask
+        mask, = self.saved_for_backward()
+        return grad_output if mask is None else grad_output * mask
 
     def extra_repr(self):
         return f"p={self.p}"
@@ -165,7 +155,6 @@ class LayerNorm(Module):
         self.features, self.eps = int(features), float(eps)
         self.weight = Parameter(np.ones(features, dtype=dtype))
         self.bias = Parameter(np.zeros(features, dtype=dtype))
-        self._cache = None
 
     def forward(self, x):
         check_input(x, self, self.features, self.weight.dtype)
@@ -173,11 +162,11 @@ class LayerNorm(Module):
         xc = x - mu
         inv_std = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + self.eps)
         x_hat = xc * inv_std
-        self._cache = (x_hat, inv_std)
+        self.save_for_backward(x_hat, inv_std)
         return x_hat * self.weight.data + self.bias.data
 
     def backward(self, grad_output):
-        x_hat, inv_std = _need_cache(self, self._cache)
+        x_hat, inv_std = self.saved_for_backward()
         g2 = grad_output.reshape(-1, self.features)
         self.weight.grad += (g2 * x_hat.reshape(-1, self.features)).sum(axis=0)
         self.bias.grad += g2.sum(axis=0)

@@ -5,12 +5,13 @@
 # %% ../nbs/03_optim.ipynb #84791fcb
 from __future__ import annotations
 
+import functools
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from .core import Parameter
+from .core import HookHandle, Parameter
 
 # %% auto #0
 __all__ = ['Optimizer', 'SGD', 'Adam']
@@ -33,8 +34,46 @@ def _in_unit_interval(name: str, value) -> float:
     return value
 
 
+def _step_arguments(result, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    "What a step pre hook returned: `None` keeps `(args, kwargs)`; `(new_args, new_kwargs)` replaces them."
+    if result is None:
+        return args, kwargs
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], tuple)
+            and isinstance(result[1], dict)):
+        raise TypeError(f"a step pre hook must return None or a tuple (new_args, new_kwargs), got {result!r}")
+    return result
+
+
+def _with_step_hooks(step: Callable) -> Callable:
+    "Wrap an optimiser's `step` so that its step hooks fire once around the outermost call."
+    @functools.wraps(step)
+    def step_with_hooks(self, *args, **kwargs):
+        if self._stepping:  # a subclass's step calling super().step(): the outer call fires the hooks
+            return step(self, *args, **kwargs)
+        self._stepping = True
+        try:
+            for hook in tuple(self._step_pre_hooks.values()):
+                args, kwargs = _step_arguments(hook(self, args, kwargs), args, kwargs)
+            out = step(self, *args, **kwargs)
+            for hook in tuple(self._step_post_hooks.values()):
+                hook(self, args, kwargs)
+            return out
+        finally:
+            self._stepping = False
+    step_with_hooks.fires_step_hooks = True
+    return step_with_hooks
+
+
 class Optimizer:
-    "Base class: holds the parameters; subclasses write `step`."
+    "Base class: holds the parameters; subclasses write `step`, and its step hooks fire around every call of it."
+
+    _stepping = False  # True while a step runs (set on the instance)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if callable(step) and not getattr(step, "fires_step_hooks", False):
+            cls.step = _with_step_hooks(step)
 
     def __init__(self, params: Iterable[Parameter], lr: float):
         self.params = list(params)
@@ -45,13 +84,25 @@ class Optimizer:
                 raise TypeError(f"optimiser parameters must be Parameter objects, got {type(p).__name__}")
         self.lr = _positive("lr", lr)
         self.steps = 0
+        self._step_pre_hooks: dict = {}
+        self._step_post_hooks: dict = {}
 
     def zero_grad(self) -> None:
+        "Zero the gradient of every parameter."
         for p in self.params:
             p.zero_grad()
 
     def step(self) -> None:
-        raise NotImplementedError
+        "Update every parameter from its gradient (subclasses write this)."
+        raise NotImplementedError(f"{type(self).__name__} must implement step")
+
+    def register_step_pre_hook(self, hook_fn: Callable) -> HookHandle:
+        "Call `hook_fn(optimizer, args, kwargs)` before each `step` changes anything; it may return `(new_args, new_kwargs)`."
+        return HookHandle(self, hook_fn, "step_pre")
+
+    def register_step_post_hook(self, hook_fn: Callable) -> HookHandle:
+        "Call `hook_fn(optimizer, args, kwargs)` after each `step` has updated every parameter."
+        return HookHandle(self, hook_fn, "step_post")
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):
