@@ -15,9 +15,10 @@ import numpy as np
 from .core import DEFAULT_DTYPE, as_float_dtype
 
 # %% auto #0
-__all__ = ['VOWELS', 'PAD', 'SYMBOLS', 'N_SYMBOLS', 'MAX_LEMMA_LEN', 'MAX_PAST_LEN', 'syllable_count', 'regular_past_tense',
-           'Verb', 'Lexicon', 'load_lexicon', 'encode_word', 'decode_word', 'one_hot', 'Split', 'PastTenseData',
-           'make_dataset', 'Batch', 'iterate_batches']
+__all__ = ['VOWELS', 'PAD', 'SYMBOLS', 'N_SYMBOLS', 'MAX_LEMMA_LEN', 'MAX_PAST_LEN', 'REGULAR_VERBS', 'IRREGULAR_VERBS',
+           'syllable_count', 'regular_past_tense', 'Verb', 'Lexicon', 'load_lexicon', 'encode_word',
+           'check_symbol_indices', 'decode_word', 'one_hot', 'Split', 'PastTenseData', 'make_dataset', 'Batch',
+           'iterate_batches']
 
 # %% ../nbs/05_data.ipynb #b6cf22db
 VOWELS = frozenset("aeiou")
@@ -314,10 +315,29 @@ def encode_word(word: str, max_len: int) -> np.ndarray:
     return out
 
 
+def check_symbol_indices(indices, caller: str, ndim: int) -> np.ndarray:
+    "`indices` as an integer array of `ndim` axes whose values lie in `[0, N_SYMBOLS)`; a clear error otherwise."
+    arr = np.asarray(indices)
+    if arr.size == 0 and arr.dtype.kind == "f":
+        arr = arr.astype(np.int64)  # `[]` arrives as float64 and holds no bad value
+    if arr.dtype.kind not in "iu":
+        first = arr.flat[0] if arr.size else None
+        raise TypeError(f"{caller} needs integer symbol indices in [0, {N_SYMBOLS}), "
+                        f"got dtype {arr.dtype} (first value {first!r})")
+    if arr.ndim != ndim:
+        raise ValueError(f"{caller} needs a {ndim}-D array of symbol indices, got shape {arr.shape}")
+    bad = (arr < 0) | (arr >= N_SYMBOLS)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{caller}: symbol index {arr[where]} at position {where if ndim > 1 else where[0]} "
+                         f"is outside the valid range [0, {N_SYMBOLS})")
+    return arr
+
+
 def decode_word(indices) -> str:
-    "The word spelled by `indices`, up to the first padding symbol."
+    "The word spelled by a 1-D sequence of symbol indices, up to the first padding symbol."
     chars = []
-    for i in np.asarray(indices).tolist():
+    for i in check_symbol_indices(indices, "decode_word", ndim=1).tolist():
         if i == PAD:
             break
         chars.append(SYMBOLS[i])
@@ -326,10 +346,15 @@ def decode_word(indices) -> str:
 
 def one_hot(indices: np.ndarray, dtype=DEFAULT_DTYPE) -> np.ndarray:
     "One-hot encode `(N, L)` symbol indices into a flat `(N, L * N_SYMBOLS)` array."
-    indices = np.asarray(indices)
+    indices = check_symbol_indices(indices, "one_hot", ndim=2)
     out = np.zeros(indices.shape + (N_SYMBOLS,), dtype=as_float_dtype(dtype))
     np.put_along_axis(out, indices[..., None], 1, axis=-1)
     return out.reshape(indices.shape[0], -1)
+
+# %% ../nbs/05_data.ipynb #ef60c55b
+REGULAR_VERBS = frozenset({"work", "play", "walk", "talk", "listen", "watch", "study", "finish", "start",
+                           "look", "want", "like"})
+IRREGULAR_VERBS = frozenset({"be", "have", "do", "go", "come", "see", "eat", "write"})
 
 # %% ../nbs/05_data.ipynb #f9079dbe
 @dataclass

@@ -10,15 +10,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import Lexicon, load_lexicon
+from .data import IRREGULAR_VERBS, REGULAR_VERBS, Lexicon, load_lexicon
 
 # %% auto #0
-__all__ = ['REGULAR_VERBS', 'IRREGULAR_VERBS', 'mean_by_class', 'partition_batch_loss']
-
-# %% ../nbs/06_per_class_loss.ipynb #fc013b36
-REGULAR_VERBS = frozenset({"work", "play", "walk", "talk", "listen", "watch", "study", "finish", "start",
-                           "look", "want", "like"})
-IRREGULAR_VERBS = frozenset({"be", "have", "do", "go", "come", "see", "eat", "write"})
+__all__ = ['mean_by_class', 'partition_batch_loss']
 
 # %% ../nbs/06_per_class_loss.ipynb #2d141a68
 def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray, list[str]]:
