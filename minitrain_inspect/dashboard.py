@@ -9,17 +9,23 @@ import math
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import LogNorm
+from matplotlib import colormaps
+from matplotlib.colors import LogNorm, to_hex
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import blended_transform_factory
 
 from .panels import History
+from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['moving_average', 'draw_loss', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_units',
-           'draw_per_class', 'summary_lines', 'draw_summary', 'render_dashboard', 'save_dashboard']
+__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'moving_average', 'param_layer', 'LayerStyle', 'plot_per_layer', 'draw_loss',
+           'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health',
+           'draw_histogram', 'draw_per_class', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'draw_key',
+           'render_dashboard', 'save_dashboard']
 
-# %% ../nbs/11_dashboard.ipynb #b84a6b38
+# %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     "Trailing moving average that skips NaNs (NaN where a window holds none)."
     values = np.asarray(values, dtype=float)
@@ -37,97 +43,172 @@ def _short(name: str) -> str:
     return name.split(".", 1)[1] if name.startswith("mlp.") else name
 
 
-def _no_data(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes, color="0.4")
+def _message(ax, text: str) -> None:
+    "Say in the panel why it holds no curve, rather than leaving it blank."
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.3", fontsize=11, wrap=True)
+    ax.set_yticks([])
+
+# %% ../nbs/11_dashboard.ipynb #89b6c301
+HIDDEN_TYPES = ("Dropout",)
+UNIT_FIELDS = {"relu": ("dead", "zero_share"), "tanh": ("saturated", "saturated_share")}
 
 
-def _finish(ax, title: str, ylabel: str, legend: bool = True, log: bool = False) -> None:
-    ax.set_title(title, loc="left", fontsize=11, fontweight="bold")
+def param_layer(param: str, layers) -> str:
+    "The layer a parameter belongs to: the longest layer name that prefixes `param`, else `param` minus its last part."
+    ### BEGIN SOLUTION
+    owners = [name for name in layers if param.startswith(name + ".")]
+    return max(owners, key=len) if owners else param.rsplit(".", 1)[0]
+    ### END SOLUTION
+
+
+class LayerStyle:
+    "One colour per layer, the same in every panel; a parameter takes its layer's colour, a bias a dashed line."
+
+    def __init__(self, history: History):
+        meta = history.meta
+        types = meta.get("module_types", {})
+        layers = list(meta.get("layers", []))
+        for panel in ("activations", "act_grads", "units"):           # a history without meta still gets colours
+            layers += [n for n in history.names(panel) if n not in layers]
+        params = list(meta.get("params", []))
+        for panel in ("gradients", "updates", "spectral"):
+            params += [p for p in history.names(panel) if p not in params]
+        layers += [owner for owner in dict.fromkeys(param_layer(p, layers) for p in params) if owner not in layers]
+        self.hidden = [n for n in layers if types.get(n) in HIDDEN_TYPES]
+        self.layers = [n for n in layers if n not in self.hidden]
+        self.params = params
+        self.types = types
+        palette = colormaps["tab10" if len(self.layers) <= 10 else "tab20"].colors
+        self.colours = {n: to_hex(palette[i % len(palette)]) for i, n in enumerate(self.layers)}
+
+    def shown(self, names) -> list[str]:
+        "The names among `names` that are drawn: every layer except dropout, in the key's order."
+        names = set(names)
+        return [n for n in self.layers if n in names]
+
+    def colour(self, name: str) -> str:
+        "The colour of a layer, or of the layer that owns a parameter."
+        if name not in self.colours:
+            name = param_layer(name, self.layers)
+        return self.colours.get(name, "0.3")
+
+    def line(self, name: str) -> dict:
+        "Keyword arguments of `ax.plot` for a layer's or a parameter's curve."
+        dashed = name in self.params and name.rsplit(".", 1)[-1] != "weight" and name not in self.colours
+        return dict(color=self.colour(name), lw=1.3, ls="--" if dashed else "-")
+
+# %% ../nbs/11_dashboard.ipynb #8a36f0c2
+def _nonfinite_marks(ax, steps: np.ndarray, counts: np.ndarray, colour: str) -> int:
+    "Crosses along the top edge of `ax` at each step with non-finite values; returns how many steps."
+    bad = steps[np.nan_to_num(counts, nan=1.0) > 0]
+    if bad.size:
+        top = blended_transform_factory(ax.transData, ax.transAxes)
+        ax.plot(bad, np.full(bad.size, 0.97), "x", color=colour, ms=7, mew=2, transform=top, clip_on=False)
+    return int(bad.size)
+
+
+def plot_per_layer(ax, history: History, style: LayerStyle, panel: str, field: str, names) -> int:
+    """Draw `panel/NAME/field` for each name in `names`, in the layer's colour, with crosses where
+    `panel/NAME/nonfinite` counts NaN or inf. Returns the number of curves drawn."""
+    drawn = 0
+    for name in names:
+        steps, values = history.get(f"{panel}/{name}/{field}")
+        if not steps.size:
+            continue
+        ax.plot(steps, values, **style.line(name))
+        drawn += 1
+        _nonfinite_marks(ax, *history.get(f"{panel}/{name}/nonfinite"), style.colour(name))
+    return drawn
+
+# %% ../nbs/11_dashboard.ipynb #95a9f99d
+def _last_step(history: History) -> int:
+    "The largest step recorded in any series (-1 if none): every panel shares the step axis 0..last."
+    ends = [history.get(key)[0] for key in history.keys()]
+    return max((int(steps[-1]) for steps in ends if steps.size), default=-1)
+
+
+def _finish(ax, title: str, ylabel: str, last_step: int, *, log: bool = False, legend: bool = False) -> None:
+    "Title, labels, grid and a common step range; a legend, if asked for, goes outside the plotting area."
+    if title:
+        ax.set_title(title, loc="left", fontsize=11, fontweight="bold")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
-    if log:
+    if log and any(np.size(line.get_xdata()) for line in ax.lines):
         ax.set_yscale("log")
+    ax.set_xlim(-0.5, max(last_step, 0) + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
     ax.grid(True, alpha=0.3)
     if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 4 else 1)
+        # Above the plotting area, right-aligned beside the left-aligned title: never over the data.
+        ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2, frameon=False,
+                  ncol=min(3, len(ax.get_legend_handles_labels()[0])))
 
-# %% ../nbs/11_dashboard.ipynb #89b6c301
-def _layers(history: History, panel: str, skip_types=("Dropout",)) -> list[str]:
-    types = history.meta.get("module_types", {})
-    return [n for n in history.names(panel) if types.get(n) not in skip_types]
-
-
-def draw_loss(ax, history: History) -> None:
+# %% ../nbs/11_dashboard.ipynb #65ef71b2
+def draw_loss(ax, history: History, last_step: int) -> None:
+    "Panel 1: the training loss (raw and a moving average of 25) and the held-out loss, log scale."
     steps, loss = history.get("loss/train")
-    if not steps.size:
-        return _no_data(ax, "loss")
-    ax.plot(steps, loss, color="tab:blue", alpha=0.25, lw=0.8)
-    ax.plot(steps, moving_average(loss, 25), color="tab:blue", lw=1.8, label="train (moving average of 25)")
+    if steps.size:
+        ax.plot(steps, loss, color="tab:blue", alpha=0.3, lw=0.8, label="train, per step")
+        ax.plot(steps, moving_average(loss, 25), color="tab:blue", lw=1.8, label="train, moving average of 25")
+        bad = _nonfinite_marks(ax, steps, (~np.isfinite(loss)).astype(float), "red")
+        if bad:
+            ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({bad} steps)")
     vsteps, vloss = history.get("loss/val")
     if vsteps.size:
-        ax.plot(vsteps, vloss, "o-", color="tab:orange", lw=1.5, ms=4, label="held-out")
-    _finish(ax, "1 · Loss", "cross-entropy per position (log scale)", log=True)
+        ax.plot(vsteps, vloss, "o-", color="black", lw=1.3, ms=3, label="held-out")
+    if not (steps.size or vsteps.size):
+        _message(ax, "no loss recorded")
+    _finish(ax, "1 · Loss", "cross-entropy (log)", last_step, log=True, legend=True)
+
+# %% ../nbs/11_dashboard.ipynb #333a5322
+def output_layers(style: LayerStyle) -> list[str]:
+    "The layers after the last nonlinearity (ReLU, Tanh): they produce the logits, on a scale of their own."
+    kinds = [i for i, n in enumerate(style.layers) if style.types.get(n) in ("ReLU", "Tanh")]
+    return style.layers[kinds[-1] + 1:] if kinds else []
 
 
-def draw_activations(axes, history: History) -> None:
-    layers = _layers(history, "activations")
-    fields = [("mean", "mean"), ("std", "std"), ("absmax", "max |a|")]
-    for ax, (field, label) in zip(axes, fields):
-        for name in layers:
-            steps, values = history.get(f"activations/{name}/{field}")
-            ax.plot(steps, values, lw=1.2, label=_short(name))
-        if not layers:
-            _no_data(ax, "activations")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+def draw_activations(axes, history: History, style: LayerStyle, last_step: int) -> None:
+    "Panel 2 on four axes: the mean of the hidden layers, the mean of the output layers, the std and max |a|."
+    layers = style.shown(history.names("activations"))
+    outputs = [n for n in output_layers(style) if n in layers]
+    hidden = [n for n in layers if n not in outputs]
+    plots = [(hidden, "mean", "mean, hidden layers", False), (outputs, "mean", "mean, output layers (logits)", False),
+             (layers, "std", "std (log)", True), (layers, "absmax", "max |a| (log)", True)]
+    for ax, (names, field, label, log) in zip(axes, plots):
+        if not plot_per_layer(ax, history, style, "activations", field, names):
+            _message(ax, "no activations recorded" if not layers else
+                     "no layer after the last nonlinearity" if names is outputs else "no hidden layers")
+        _finish(ax, "", label, last_step, log=log)
     axes[0].set_title("2 · Activations per layer", loc="left", fontsize=11, fontweight="bold")
-    axes[-1].set_xlabel("training step")
-    if layers:
-        axes[0].legend(fontsize=7, ncol=3, loc="best")
+
+# %% ../nbs/11_dashboard.ipynb #d9b51bf4
+def draw_gradients(axes, history: History, style: LayerStyle, last_step: int) -> None:
+    "Panel 3 on two axes: each parameter's gradient norm, and the norm of the gradient reaching each layer's output."
+    params, layers = history.names("gradients"), style.shown(history.names("act_grads"))
+    if not plot_per_layer(axes[0], history, style, "gradients", "l2", params):
+        _message(axes[0], "no parameter gradients recorded")
+    _finish(axes[0], "3 · Gradients", "‖∂L/∂θ‖₂ per parameter (log)", last_step, log=True)
+    if not plot_per_layer(axes[1], history, style, "act_grads", "l2", layers):
+        _message(axes[1], "no activation gradients recorded")
+    _finish(axes[1], "3 · Gradients at each layer's output", "‖∂L/∂a‖₂ (log)", last_step, log=True)
 
 
-def draw_gradients(axes, history: History) -> None:
-    top, bottom = axes
-    for name in history.names("gradients"):
-        steps, values = history.get(f"gradients/{name}/l2")
-        top.plot(steps, values, lw=1.2, label=_short(name))
-    if not history.names("gradients"):
-        _no_data(top, "parameter gradients")
-    _finish(top, "3 · Gradients", "‖∂L/∂θ‖₂ (log)", log=bool(history.names("gradients")))
-    top.set_xlabel("")
-    act_layers = [n for n in _layers(history, "act_grads") if n.endswith(":grad_output")]
-    for name in act_layers:
-        steps, values = history.get(f"act_grads/{name}/l2")
-        bottom.plot(steps, values, lw=1.2, label=_short(name.removesuffix(":grad_output")))
-    if not act_layers:
-        _no_data(bottom, "activation gradients")
-    _finish(bottom, "", "‖∂L/∂a‖₂ per layer (log)", log=bool(act_layers))
+def draw_updates(ax, history: History, style: LayerStyle, last_step: int) -> None:
+    "Panel 4: the update-to-weight ratio ‖Δw‖ / ‖w‖ of each parameter across the optimiser step, with 10⁻³ marked."
+    if plot_per_layer(ax, history, style, "updates", "ratio", history.names("updates")):
+        ax.axhline(1e-3, color="black", ls=":", lw=1.2, label="10⁻³, a common healthy value")
+    else:
+        _message(ax, "no updates recorded")
+    _finish(ax, "4 · Update-to-weight ratio", "‖Δw‖ / ‖w‖ per step (log)", last_step, log=True, legend=True)
 
 
-def draw_updates(ax, history: History) -> None:
-    names = history.names("updates")
-    for name in names:
-        steps, ratio = history.get(f"updates/{name}/ratio")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ax.plot(steps, np.log10(ratio), lw=1.2, label=_short(name))
-    if not names:
-        _no_data(ax, "updates")
-    ax.axhline(-3, color="k", ls="--", lw=1, label="10⁻³ reference")
-    _finish(ax, "4 · Update-to-weight ratio", "log₁₀ ‖Δw‖ / ‖w‖")
+def draw_spectral(ax, history: History, style: LayerStyle, last_step: int) -> None:
+    "Panel 5: the largest singular value of each weight matrix."
+    if not plot_per_layer(ax, history, style, "spectral", "sigma", history.names("spectral")):
+        _message(ax, "no spectral norms recorded")
+    _finish(ax, "5 · Spectral norm of each weight matrix", "σ_max", last_step)
 
-
-def draw_spectral(ax, history: History) -> None:
-    names = history.names("spectral")
-    for name in names:
-        steps, sigma = history.get(f"spectral/{name}/sigma")
-        ax.plot(steps, sigma, lw=1.5, label=_short(name))
-    if not names:
-        _no_data(ax, "spectral norms")
-    _finish(ax, "5 · Spectral norm of each weight matrix", "σ_max (largest singular value)")
-
-
+# %% ../nbs/11_dashboard.ipynb #b0e80f4a
 def _edges(steps: np.ndarray) -> np.ndarray:
     "Cell edges around each recorded step (midpoints between neighbours), so uneven schedules draw true to time."
     steps = steps.astype(float)
@@ -137,116 +218,242 @@ def _edges(steps: np.ndarray) -> np.ndarray:
     return np.concatenate([[steps[0] - (mid[0] - steps[0])], mid, [steps[-1] + (steps[-1] - mid[-1])]])
 
 
-def draw_units(ax_lines, hist_cell, history: History, fig: Figure) -> None:
-    meta = history.meta.get("histogram", {})
-    names = history.names("units")
-    for name in names:
-        steps, frac = history.get(f"units/{name}/fraction")
-        kind = meta.get(name, {}).get("kind", "relu")
-        label = f"{_short(name)}: {'dead (ReLU ≤ 0)' if kind == 'relu' else 'saturated (|tanh| > 0.97)'}"
-        ax_lines.plot(steps, 100 * frac, lw=1.5, label=label)
-    if not names:
-        _no_data(ax_lines, "unit health")
-    ax_lines.set_ylim(0, 100)
-    _finish(ax_lines, "6 · Dead and saturated units", "% of outputs")
-    if not names:
-        return _no_data(fig.add_subplot(hist_cell), "activation histograms")
-    cells = hist_cell.subgridspec(1, len(names), wspace=0.05)
-    for i, name in enumerate(names):
-        ax = fig.add_subplot(cells[i])
-        steps, _ = history.get(f"units/{name}/fraction")
-        hist = np.array(history.series[f"units/{name}/histogram"].values, dtype=float).T
-        info = meta[name]
-        y_edges = np.linspace(info["lo"], info["hi"], info["bins"] + 1)
-        # A log colour scale: the spike of exact zeros (ReLU) would otherwise hide the rest of the distribution.
-        mesh = ax.pcolormesh(_edges(steps), y_edges, np.maximum(100 * hist, 1e-2), cmap="viridis",
-                             norm=LogNorm(vmin=1e-2, vmax=100), shading="flat")
-        ax.set_title(f"6 · {_short(name)}: activation histogram over time", loc="left", fontsize=10)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("activation value" if i == 0 else "")
-        fig.colorbar(mesh, ax=ax, label="% of outputs in bin (log)", pad=0.01)
+def _unit_kind(history: History, name: str) -> str:
+    kind = history.meta.get("histogram", {}).get(name, {}).get("kind")
+    if kind in UNIT_FIELDS:
+        return kind
+    return "tanh" if history.get(f"units/{name}/saturated")[0].size else "relu"
 
 
-def draw_per_class(ax, history: History) -> None:
+def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) -> None:
+    """Panel 6, left: per layer, the share of units dead (ReLU <= 0 for every example) or saturated (|tanh| > 0.97
+    for every example), solid; and the share of all outputs <= 0 (or saturated), dashed."""
+    layers = style.shown(history.names("units"))
+    for name in layers:
+        units, outputs = UNIT_FIELDS[_unit_kind(history, name)]
+        for field, ls in ((units, "-"), (outputs, "--")):
+            steps, share = history.get(f"units/{name}/{field}")
+            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5)
+    if not layers:
+        _message(ax, "no unit health recorded")
+    else:
+        kinds = {_unit_kind(history, n) for n in layers}
+        for kind, (solid, dashed) in (("relu", ("dead units: ≤ 0 for every example",
+                                                 "outputs ≤ 0, share of all outputs")),
+                                      ("tanh", ("saturated units: |a| > 0.97 for every example",
+                                                "saturated outputs, share of all outputs"))):
+            if kind in kinds:
+                ax.plot([], [], color="0.2", ls="-", label=solid)
+                ax.plot([], [], color="0.2", ls="--", label=dashed)
+        ax.set_ylim(-2, 102)
+    _finish(ax, "6 · Unit health", "% of units (solid) or of outputs (dashed)", last_step, legend=True)
+
+# %% ../nbs/11_dashboard.ipynb #d138363c
+def _matrix(history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
+    "Steps and a 2-D array (one row per step) of a series whose values are lists."
+    steps, values = history.get(key)
+    values = np.asarray(values, dtype=float)
+    return steps, values.reshape(steps.size, -1) if steps.size else values.reshape(0, 0)
+
+
+def draw_histogram(ax, history: History, name: str, fig: Figure) -> None:
+    """Panel 6, right: the distribution of one layer's output values over time, on a fixed range, with the share of
+    values below and above the range in rows of their own. Rows are activation values, not units."""
+    info = history.meta.get("histogram", {}).get(name)
+    steps, hist = _matrix(history, f"units/{name}/histogram")
+    if info is None or not steps.size:
+        return _message(ax, f"no histogram of {_short(name)} recorded")
+    lo, hi, bins = float(info["lo"]), float(info["hi"]), int(info["bins"])
+    width = (hi - lo) / bins
+    gap, row = 2 * width, 4 * width
+    below = history.get(f"units/{name}/below")[1]
+    above = history.get(f"units/{name}/above")[1]
+    missing = np.full(steps.size, np.nan)
+    below = below if below.size == steps.size else missing
+    above = above if above.size == steps.size else missing
+    # Rows, bottom to top: below the range, a blank gap, the bins, a blank gap, above the range.
+    cells = np.column_stack([below, missing, hist, missing, above]).T
+    y_edges = np.concatenate([[lo - gap - row, lo - gap], np.linspace(lo, hi, bins + 1), [hi + gap, hi + gap + row]])
+    shown = np.ma.masked_invalid(100 * cells)
+    mesh = ax.pcolormesh(_edges(steps), y_edges, np.ma.maximum(shown, 1e-2), cmap="viridis",
+                         norm=LogNorm(vmin=1e-2, vmax=100), shading="flat")
+    ax.set_facecolor("white")
+    ticks = list(MaxNLocator(nbins=5).tick_values(lo, hi))
+    ticks = [t for t in ticks if lo <= t < hi]
+    ax.set_yticks([lo - gap - row / 2, *ticks, hi + gap + row / 2],
+                  [f"< {lo:g}", *[f"{t:g}" for t in ticks], f"> {hi:g}"])
+    ax.set_ylim(y_edges[0], y_edges[-1])
+    ax.set_title(f"6 · {_short(name)}: its output values over time", loc="left", fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("activation value (rows are values, not units)")
+    fig.colorbar(mesh, ax=ax, label="% of outputs in the row (log)", pad=0.01)
+
+# %% ../nbs/11_dashboard.ipynb #0e9aaf6f
+def _per_class_note(history: History) -> str:
+    notes = [n for n in history.meta.get("notes", []) if "per-class" in n or "verb labels" in n]
+    return notes[0] if notes else "per-class loss: not recorded (the run gave no verb labels)"
+
+
+def draw_per_class(ax, history: History, last_step: int) -> None:
+    "Panel 7: the mean loss of the regular and of the irregular verbs in each batch; or why there is none."
     drawn = False
     for cls, colour in (("regular", "tab:green"), ("irregular", "tab:red")):
         steps, loss = history.get(f"per_class/{cls}")
         if steps.size:
             drawn = True
-            ax.plot(steps, loss, color=colour, alpha=0.2, lw=0.8)
-            ax.plot(steps, moving_average(loss, 25), color=colour, lw=1.8, label=f"{cls} verbs (moving average)")
+            ax.plot(steps, loss, color=colour, alpha=0.25, lw=0.8)
+            ax.plot(steps, moving_average(loss, 25), color=colour, lw=1.8, label=f"{cls} verbs (moving average of 25)")
     if not drawn:
-        return _no_data(ax, "per-class loss")
-    _finish(ax, "7 · Per-class loss", "mean loss of the class in the batch (log)", log=True)
+        _message(ax, _per_class_note(history))
+    _finish(ax, "7 · Per-class loss", "mean loss in the batch (log)", last_step, log=drawn, legend=True)
 
-# %% ../nbs/11_dashboard.ipynb #8a36f0c2
+# %% ../nbs/11_dashboard.ipynb #b8c0d9ee
 def _last_finite(history: History, key: str, window: int = 1) -> float:
-    steps, values = history.get(key)
-    values = values[np.isfinite(values)] if values.size else values
+    values = history.get(key)[1]
+    values = values[np.isfinite(values)]
     return float(values[-window:].mean()) if values.size else math.nan
 
 
-def summary_lines(history: History) -> list[str]:
-    "Headline numbers of the run, one line each."
-    fmt = lambda v, spec=".4f": "n/a" if not math.isfinite(v) else format(v, spec)
-    steps, _ = history.get("loss/train")
+def _fmt(value: float, spec: str = ".4f") -> str:
+    return format(value, spec) if math.isfinite(value) else "n/a"
+
+# %% ../nbs/11_dashboard.ipynb #1da9353d
+def nonfinite_lines(history: History) -> list[str]:
+    "One line per series that met NaN or inf: where, how many values in all, and the first step."
+    lines = []
+    for panel, what in (("activations", "output"), ("act_grads", "gradient at the output"), ("gradients", "gradient")):
+        for name in history.names(panel):
+            steps, counts = history.get(f"{panel}/{name}/nonfinite")
+            bad = np.nan_to_num(counts, nan=1.0) > 0
+            if bad.any():
+                lines.append(f"  {_short(name)} {what}: {int(np.nan_to_num(counts, nan=1.0).sum())} values "
+                             f"at {int(bad.sum())} recorded steps, first at step {int(steps[bad][0])}")
+    steps, loss = history.get("loss/train")
+    if (~np.isfinite(loss)).any():
+        lines.append(f"  training loss: not finite at {int((~np.isfinite(loss)).sum())} steps, "
+                     f"first at step {int(steps[~np.isfinite(loss)][0])}")
+    return lines
+
+# %% ../nbs/11_dashboard.ipynb #e50f1c87
+def summary_lines(history: History, max_events: int = 3) -> list[str]:
+    "Headline numbers of the run, one line each, at most a screenful whatever the run."
+    steps = history.get("loss/train")[0]
     lines = [f"last step recorded: {int(steps[-1]) if steps.size else 'none'}",
-             f"train loss (last 25): {fmt(_last_finite(history, 'loss/train', 25))}",
-             f"held-out loss (last): {fmt(_last_finite(history, 'loss/val'))}"]
-    reg = _last_finite(history, "per_class/regular", 25)
-    irr = _last_finite(history, "per_class/irregular", 25)
-    lines.append(f"per-class loss (last 25): regular {fmt(reg)}, irregular {fmt(irr)}")
-    if math.isfinite(reg) and math.isfinite(irr) and reg > 0:
-        lines.append(f"  irregular verbs lag by a factor of {irr / reg:.1f}")
+             f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
+             f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}"]
+    reg, irr = (_last_finite(history, f"per_class/{c}", 25) for c in ("regular", "irregular"))
+    if math.isfinite(reg) or math.isfinite(irr):
+        lines.append(f"per-class loss (last 25): regular {_fmt(reg)}, irregular {_fmt(irr)}")
+        if math.isfinite(reg) and math.isfinite(irr) and reg > 0:
+            lines.append(f"  irregular verbs lag by a factor of {irr / reg:.1f}")
+    else:
+        lines.append(_per_class_note(history))
     for name in history.names("units"):
-        lines.append(f"{_short(name)}: {fmt(100 * _last_finite(history, f'units/{name}/fraction'), '.1f')}% "
-                     f"{'dead' if history.meta.get('histogram', {}).get(name, {}).get('kind') != 'tanh' else 'saturated'}")
-    ratios = [_last_finite(history, f"updates/{n}/ratio") for n in history.names("updates")]
-    ratios = [r for r in ratios if math.isfinite(r) and r > 0]
+        kind = _unit_kind(history, name)
+        units, outputs = (100 * _last_finite(history, f"units/{name}/{f}") for f in UNIT_FIELDS[kind])
+        if kind == "relu":
+            lines.append(f"{_short(name)}: {_fmt(units, '.1f')}% of units dead, {_fmt(outputs, '.1f')}% of outputs ≤ 0")
+        else:
+            lines.append(f"{_short(name)}: {_fmt(units, '.1f')}% of units saturated, "
+                         f"{_fmt(outputs, '.1f')}% of outputs saturated")
+        outside = [(side, 100 * _last_finite(history, f"units/{name}/{side}")) for side in ("below", "above")]
+        outside = [f"{share:.1f}% {side}" for side, share in outside if math.isfinite(share) and share > 0]
+        if outside:
+            lines.append(f"  outside the histogram's range: {', '.join(outside)}")
+    ratios = [r for r in (_last_finite(history, f"updates/{n}/ratio") for n in history.names("updates"))
+              if math.isfinite(r) and r > 0]
     if ratios:
         lines.append(f"update/weight ratio: 10^{math.log10(min(ratios)):.1f} to 10^{math.log10(max(ratios)):.1f}")
     sigmas = {n: _last_finite(history, f"spectral/{n}/sigma") for n in history.names("spectral")}
+    sigmas = {n: s for n, s in sigmas.items() if math.isfinite(s)}
     if sigmas:
-        top = max(sigmas, key=lambda n: sigmas[n] if math.isfinite(sigmas[n]) else -1)
-        lines.append(f"largest spectral norm: {fmt(sigmas[top], '.2f')} ({_short(top)})")
-    for event in history.meta.get("throttled", []):
-        lines.append(f"budget guard: {event['panel']} {event['from']} -> {event['to']} at step {event['step']}")
+        top = max(sigmas, key=sigmas.get)
+        lines.append(f"largest spectral norm: {sigmas[top]:.2f} ({_short(top)})")
+    bad = nonfinite_lines(history)
+    lines += ["NON-FINITE VALUES (NaN or inf):", *bad] if bad else ["non-finite values: none"]
+    events = history.meta.get("throttled", [])
+    if events:
+        lines.append(f"budget guard: {len(events)} adjustments" + (", the last:" if len(events) > max_events else ":"))
+        lines += [f"  step {e['step']}: {e['panel']} {e['from']} -> {e['to']}" for e in events[-max_events:]]
+    lines += [f"budget: {note}" for note in history.meta.get("budget_notes", [])[-max_events:]]
+    lines += [note for note in history.meta.get("notes", []) if note not in lines]
     return lines
 
 
 def draw_summary(ax, history: History) -> None:
+    "The summary lines as text, non-finite values in red."
     ax.axis("off")
     ax.set_title("Summary", loc="left", fontsize=11, fontweight="bold")
-    ax.text(0.0, 1.0, "\n".join(summary_lines(history)), va="top", ha="left", family="monospace", fontsize=10,
-            transform=ax.transAxes)
+    lines = summary_lines(history)
+    colour = "red" if any(l.startswith("NON-FINITE") for l in lines) else "black"
+    ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=9.5,
+            transform=ax.transAxes, color="black")
+    if colour == "red":
+        ax.text(1.0, 1.0, "non-finite values!", va="top", ha="right", color="red", fontweight="bold",
+                transform=ax.transAxes)
 
-# %% ../nbs/11_dashboard.ipynb #95a9f99d
-def render_dashboard(history: History, title: str | None = None, figsize=(16, 22)) -> Figure:
-    "Draw the seven panels from `history` into a new matplotlib `Figure`."
+# %% ../nbs/11_dashboard.ipynb #e566517a
+def draw_key(ax, style: LayerStyle, config: dict | None = None) -> None:
+    "The colour key shared by every panel, in its own axes: one entry per layer, line styles, markers; the run's config."
+    ax.axis("off")
+    ax.set_title("Colour key: one colour per layer in every panel", loc="left", fontsize=11, fontweight="bold")
+    handles = [Line2D([], [], color=style.colour(n), lw=3, label=f"{_short(n)} ({style.types.get(n, '?')})")
+               for n in style.layers]
+    handles += [Line2D([], [], color="0.3", ls="-", label="weight (or layer)"),
+                Line2D([], [], color="0.3", ls="--", label="bias"),
+                Line2D([], [], color="0.3", ls="none", marker="x", mew=2, label="at the top edge: NaN or inf at that step")]
+    if not style.layers:
+        _message(ax, "no layers recorded")
+    ax.legend(handles=handles, loc="upper left", ncol=2, fontsize=9, frameon=False)
+    if style.hidden:
+        ax.text(0.0, 0.0, f"Not drawn in any panel: {', '.join(map(_short, style.hidden))} (dropout: rescales its "
+                "input; non-finite values there are still reported)", transform=ax.transAxes, fontsize=8.5,
+                color="0.35", va="bottom", wrap=True)
+    if config:
+        ax.text(0.0, 0.12, "run: " + _config_line(config), transform=ax.transAxes, fontsize=8.5, va="bottom",
+                wrap=True)
+
+
+def _config_line(config: dict, width: int = 300) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in config.items() if k != "progress")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+# %% ../nbs/11_dashboard.ipynb #1528e4da
+def render_dashboard(history: History, title: str | None = None, figsize=(20, 25)) -> Figure:
+    "Draw the seven panels from `history`, in reading order, into a new matplotlib `Figure`."
     if not isinstance(history, History):
         raise TypeError(f"render_dashboard needs a History, got {type(history).__name__}")
+    style, last = LayerStyle(history), _last_step(history)
     fig = Figure(figsize=figsize, layout="constrained")
-    grid = fig.add_gridspec(5, 2, height_ratios=[1, 1.4, 1, 1, 1])
-    draw_loss(fig.add_subplot(grid[0, 0]), history)
-    draw_per_class(fig.add_subplot(grid[0, 1]), history)
-    act = grid[1, 0].subgridspec(3, 1, hspace=0.05)
-    act_axes = [fig.add_subplot(act[i]) for i in range(3)]
-    for ax in act_axes[1:]:
-        ax.sharex(act_axes[0])
-    draw_activations(act_axes, history)
-    grad = grid[1, 1].subgridspec(2, 1)
-    draw_gradients([fig.add_subplot(grad[0]), fig.add_subplot(grad[1])], history)
-    draw_updates(fig.add_subplot(grid[2, 0]), history)
-    draw_spectral(fig.add_subplot(grid[2, 1]), history)
-    draw_units(fig.add_subplot(grid[3, 0]), grid[4, :], history, fig)
-    draw_summary(fig.add_subplot(grid[3, 1]), history)
-    fig.suptitle(title or "minitrain-inspect: is this run healthy?", fontsize=15, fontweight="bold")
+    grid = fig.add_gridspec(6, 4)
+    add = lambda row, cols: fig.add_subplot(grid[row, cols])
+    draw_loss(add(0, slice(0, 2)), history, last)
+    draw_key(add(0, slice(2, 4)), style, history.meta.get("config"))
+    draw_activations([add(1, i) for i in range(4)], history, style, last)
+    draw_gradients([add(2, slice(0, 2)), add(2, slice(2, 4))], history, style, last)
+    draw_updates(add(3, slice(0, 2)), history, style, last)
+    draw_spectral(add(3, slice(2, 4)), history, style, last)
+    draw_unit_health(add(4, slice(0, 2)), history, style, last)
+    layers = style.shown(history.names("units"))
+    cells = grid[4, 2:].subgridspec(1, max(len(layers), 1))
+    for i, name in enumerate(layers or [None]):
+        ax = fig.add_subplot(cells[i])
+        draw_histogram(ax, history, name, fig) if name else _message(ax, "no histograms recorded")
+    draw_per_class(add(5, slice(0, 2)), history, last)
+    draw_summary(add(5, slice(2, 4)), history)
+    fig.suptitle(title or history.meta.get("title") or "minitrain-inspect: is this run healthy?",
+                 fontsize=15, fontweight="bold")
     return fig
 
 
 def save_dashboard(history: History, path, title: str | None = None, dpi: int = 90) -> Path:
-    "Render the dashboard and write it to `path` (PNG, or any format matplotlib knows by the suffix)."
+    "Render the dashboard and write it atomically to `path` (PNG, or any format matplotlib knows by the suffix)."
     path = Path(path)
     fig = render_dashboard(history, title)
-    fig.savefig(path, dpi=dpi)
+    kind = path.suffix.lstrip(".").lower()
+    if kind not in fig.canvas.get_supported_filetypes():
+        raise ValueError(f"cannot write a dashboard as {path.name!r}: the suffix must be one of "
+                         f"{sorted(fig.canvas.get_supported_filetypes())}")
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format=kind, dpi=dpi)
     return path
