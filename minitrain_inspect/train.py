@@ -8,23 +8,25 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generator, Iterable
+from typing import Generator, Iterable, Iterator, NamedTuple
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 from tqdm.auto import tqdm
 
 from .core import Module, Sequential, as_float_dtype
-from .data import (MAX_LEMMA_LEN, MAX_PAST_LEN, N_SYMBOLS, PastTenseData, Split, decode_word,
-                                    iterate_batches, make_dataset)
+from .data import (IRREGULAR_VERBS, MAX_LEMMA_LEN, MAX_PAST_LEN, N_SYMBOLS, REGULAR_VERBS,
+                                    PastTenseData, Split, decode_word, iterate_batches, make_dataset)
 from .layers import Dropout, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
-from .optim import SGD, Adam
-from .per_class_loss import IRREGULAR_VERBS, REGULAR_VERBS
+from .optim import SGD, Adam, Optimizer
 
 # %% auto #0
-__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'OBSERVER_EVENTS', 'PastTenseModel', 'predict_logits', 'predict', 'accuracy',
-           'TrainConfig', 'params_sha256', 'TrainResult', 'training_steps', 'run_to_end', 'train']
+__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits', 'predict',
+           'accuracy', 'TrainConfig', 'blas_threads', 'params_sha256', 'TrainResult', 'RunContext', 'training_steps',
+           'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #f6e8ecbe
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -62,20 +64,31 @@ class PastTenseModel(Module):
                 self.copy.weight.data[pos * N_SYMBOLS + sym, pos * N_SYMBOLS + sym] = copy_init
 
     def forward(self, x):
+        "Logits, flat: `(N, OUTPUT_FEATURES)`, the sum of the MLP and the copy path."
         return self.mlp(x) + self.copy(x)
 
     def backward(self, grad_output):
+        "The input gradient: the sum of both paths' input gradients."
         return self.mlp.run_backward(grad_output) + self.copy.run_backward(grad_output)
 
 # %% ../nbs/07_train.ipynb #9c4d8aa1
+@contextmanager
+def evaluating(*modules: Module) -> Iterator[None]:
+    "Put `modules` in evaluation mode for the body, then give each back the mode it had (also on error)."
+    modes = [module.training for module in modules]
+    for module in modules:
+        module.eval()
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.train(mode)
+
+
 def predict_logits(model: Module, inputs: np.ndarray) -> np.ndarray:
     "Logits of shape `(N, MAX_PAST_LEN, N_SYMBOLS)`, computed in evaluation mode."
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         return model(inputs).reshape(len(inputs), MAX_PAST_LEN, N_SYMBOLS)
-    finally:
-        model.train(was_training)
 
 
 def predict(model: Module, split: Split) -> list[str]:
@@ -126,7 +139,7 @@ class TrainConfig:
     dtype: str = "float32"
     val_fraction: float = 0.2
     eval_every: int = 250
-    inspect: bool = False
+    blas_threads: int = 1
     progress: bool = True
 
     def __post_init__(self):
@@ -148,9 +161,19 @@ class TrainConfig:
         self.dtype = str(as_float_dtype(self.dtype))
         self.val_fraction = _real("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True)
         self.eval_every = _integer("eval_every", self.eval_every, 1)
-        self.inspect, self.progress = bool(self.inspect), bool(self.progress)
+        self.blas_threads = _integer("blas_threads", self.blas_threads, 1)
+        self.progress = bool(self.progress)
 
 # %% ../nbs/07_train.ipynb #90ce0e6c
+@contextmanager
+def blas_threads(n: int = 1, *, controller: ThreadpoolController | None = None) -> Iterator[int]:
+    "Run the body with at most `n` BLAS threads (`n >= 1`), then restore the previous limits, also on error."
+    n = _integer("blas_threads", n, 1)
+    controller = ThreadpoolController() if controller is None else controller
+    with controller.limit(limits=n, user_api="blas"):
+        yield n
+
+# %% ../nbs/07_train.ipynb #1a3b87c4
 def params_sha256(model: Module) -> str:
     "SHA-256 over the bytes of every parameter, in `named_parameters` order."
     digest = hashlib.sha256()
@@ -161,7 +184,7 @@ def params_sha256(model: Module) -> str:
 
 @dataclass
 class TrainResult:
-    "What a run returns: the model, the loss history, final accuracies and the parameter digest."
+    "What a run returns: the model, the loss history, final accuracies, the parameter digest and the inspector passed in."
     config: TrainConfig
     model: Module
     history: dict
@@ -171,22 +194,19 @@ class TrainResult:
     inspector: object = None
 
 
-OBSERVER_EVENTS = ("begin_run", "begin_step", "before_update", "after_update", "end_step", "record_val_loss",
-                   "end_run")
+class RunContext(NamedTuple):
+    "The parts of a run that observers receive in `begin_run`."
+    model: Module
+    optimizer: Optimizer
+    loss_fn: Module
+    config: TrainConfig
+    data: PastTenseData
 
 
-def _val_loss(model, loss_fn, split) -> float:
-    return loss_fn(predict_logits(model, split.inputs), split.targets).loss
+OBSERVER_EVENTS = ("begin_run", "before_step", "end_run")
 
 
-def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
-                   observers: Iterable = (), inspector=None) -> Generator[int, None, TrainResult]:
-    """The training run as a generator: yields the number of each finished step; returns the `TrainResult`.
-
-    `observers` are called at the points of the step (see the table above). With `config.inspect`, an Inspector
-    on its default settings watches the run; pass `inspector=` to use one configured otherwise. Either way its
-    hooks come off at the end, and it is returned in `result.inspector`."""
-    config = TrainConfig() if config is None else config
+def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
     if data is None:
         data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
                             dtype=config.dtype)
@@ -195,58 +215,86 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
         optimizer = Adam(model.parameters(), lr=config.lr)
     else:
         optimizer = SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    observers = list(observers)
-    if config.inspect and inspector is None:
-        from minitrain_inspect.inspect import Inspector  # built in a later notebook; imported only when asked for
-        inspector = Inspector(model)
-    if inspector is not None:
-        observers.append(inspector)  # it attaches itself to every leaf module and parameter in begin_run
-    calls = {event: [getattr(o, event) for o in observers if callable(getattr(o, event, None))]
-             for event in OBSERVER_EVENTS}
-    loss_fn = SoftmaxCrossEntropy()
+    return RunContext(model, optimizer, SoftmaxCrossEntropy(), config, data)
+
+
+def _held_out_loss(run: RunContext) -> float:
+    split = run.data.val
+    with evaluating(run.model, run.loss_fn):  # in eval mode *during* the loss call, so loss hooks can tell
+        logits = run.model(split.inputs).reshape(len(split), MAX_PAST_LEN, N_SYMBOLS)
+        return run.loss_fn(logits, split.targets).loss
+
+
+def _end_run(started: list) -> None:
+    error = None
+    for observer in reversed(started):
+        end_run = getattr(observer, "end_run", None)
+        if callable(end_run):
+            try:
+                end_run()
+            except Exception as exc:  # the others still end; the first error is raised afterwards
+                error = error or exc
+    if error is not None:
+        raise error
+
+
+def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
+                   observers: Iterable = (), inspector=None) -> Generator[int, None, TrainResult]:
+    """The training run as a generator: yields the number of each finished step; returns the `TrainResult`.
+
+    `observers` are called at the points listed above; `inspector` is one more observer, returned in
+    `result.inspector`. The run's own work happens under `blas_threads(config.blas_threads)`; the caller's
+    BLAS setting is back in place at every `yield`."""
+    config = TrainConfig() if config is None else config
+    observers = list(observers) + ([] if inspector is None else [inspector])
+    controller = ThreadpoolController()
+    pinned = lambda: blas_threads(config.blas_threads, controller=controller)
+    with pinned():
+        run = _new_run(config, data)
+    model, optimizer, loss_fn, data = run.model, run.optimizer, run.loss_fn, run.data
     history = {"step": [], "loss": [], "val_step": [], "val_loss": []}
     batches = iterate_batches(data.train, config.batch_size, config.steps, seed=config.seed)
-    for call in calls["begin_run"]:
-        call(model)
+    bar = tqdm(batches, total=config.steps, disable=not config.progress, desc="training", unit="step",
+               mininterval=0.5)
+    started = []
     start = time.perf_counter()
     try:
-        bar = tqdm(batches, total=config.steps, disable=not config.progress, desc="training", unit="step",
-                   mininterval=0.5)
+        with pinned():
+            for observer in observers:
+                begin_run = getattr(observer, "begin_run", None)
+                if callable(begin_run):
+                    begin_run(run)
+                started.append(observer)
+        before_step = [o.before_step for o in observers if callable(getattr(o, "before_step", None))]
         for step, batch in enumerate(bar):
-            ### BEGIN SOLUTION
-            for call in calls["begin_step"]:
-                call(step)
-            model.zero_grad()
-            n = len(batch.inputs)
-            logits = model(batch.inputs).reshape(n, MAX_PAST_LEN, N_SYMBOLS)
-            loss, per_example_loss = loss_fn(logits, batch.targets)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
-            model.backprop(loss_fn.backward().reshape(n, OUTPUT_FEATURES))
-            for call in calls["before_update"]:
-                call(step)
-            optimizer.step()
-            for call in calls["after_update"]:
-                call(step)
-            history["step"].append(step)
-            history["loss"].append(loss)
-            for call in calls["end_step"]:
-                call(step, loss, per_example_loss, batch)
-            ### END SOLUTION
-            last = step == config.steps - 1
-            if (step + 1) % config.eval_every == 0 or last:
-                val_loss = _val_loss(model, loss_fn, data.val) if len(data.val) else math.nan
-                history["val_step"].append(step)
-                history["val_loss"].append(val_loss)
-                for call in calls["record_val_loss"]:
-                    call(step, val_loss)
-                bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
+            with pinned():
+                for call in before_step:
+                    call(step, batch)
+                ### BEGIN SOLUTION
+                model.zero_grad()
+                n = len(batch.inputs)
+                logits = model(batch.inputs).reshape(n, MAX_PAST_LEN, N_SYMBOLS)
+                loss = loss_fn(logits, batch.targets).loss
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
+                model.backprop(loss_fn.backward().reshape(n, OUTPUT_FEATURES))
+                optimizer.step()
+                history["step"].append(step)
+                history["loss"].append(loss)
+                ### END SOLUTION
+                if (step + 1) % config.eval_every == 0 or step == config.steps - 1:
+                    val_loss = _held_out_loss(run) if len(data.val) else math.nan
+                    history["val_step"].append(step)
+                    history["val_loss"].append(val_loss)
+                    bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
             yield step
     finally:
-        for call in calls["end_run"]:
-            call()
+        bar.close()
+        with pinned():
+            _end_run(started)
     seconds = time.perf_counter() - start
-    return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector)
+    with pinned():
+        return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector)
 
 
 def run_to_end(run: Generator[int, None, TrainResult]) -> TrainResult:
