@@ -11,15 +11,19 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from .inspect import EVERY_STEP, PANELS, Inspector
+from .stats import atomic_write_text
 from .train import TrainConfig, run_to_end, training_steps
+from .train import blas_threads as limit_blas_threads
 
 # %% auto #0
-__all__ = ['VARIANTS', 'lockstep', 'run_benchmark', 'machine_description', 'results_markdown', 'write_results']
+__all__ = ['VARIANTS', 'lockstep', 'blas_description', 'machine_description', 'run_benchmark', 'results_markdown',
+           'write_results']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -57,25 +61,34 @@ def lockstep(config: TrainConfig, variants, block: int = 20) -> dict:
                 "params_sha256": results[v].params_sha256} for v in variants}
 
 # %% ../nbs/13_overhead.ipynb #5dd2462a
-def _paired_overhead(times: dict, variant: str) -> float:
-    return statistics.median(v / b - 1 for v, b in zip(times[variant], times["baseline"]))
+def _paired(times: dict, variant: str) -> list[float]:
+    "Per repeat, the variant's time per step over the baseline's in the same repeat, minus one."
+    return [v / b - 1 for v, b in zip(times[variant], times["baseline"])]
 
 
-def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3,
-                  seed: int = 0, variants=("baseline", "default", "every_step", "disabled", "budget")) -> dict:
-    "Interleaved overhead benchmark on the reference workload (and at other widths); returns the figures."
-    if steps < 3:
-        raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
-    if repeats < 1 or width_repeats < 1:
-        raise ValueError("repeats must be at least 1")
-    variants = tuple(variants)
-    if "baseline" not in variants:
-        raise ValueError("the variants must include 'baseline'")
-    config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps)
-    times = {v: [] for v in variants}
-    cost = dict.fromkeys(PANELS, 0.0)
-    throttled = []
-    for rep in range(repeats):
+def _spread(times: dict, variant: str) -> dict:
+    paired = _paired(times, variant)
+    return {"median": statistics.median(paired), "low": min(paired), "high": max(paired)}
+
+
+def blas_description() -> str:
+    "The BLAS libraries NumPy uses and their thread counts now, from `threadpoolctl` ('openblas 0.3.27: 1 thread')."
+    from threadpoolctl import threadpool_info
+    pools = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(f"{i.get('internal_api', '?')} {i.get('version') or ''}".rstrip() +
+                     f": {i['num_threads']} thread{'s' if i['num_threads'] != 1 else ''}" for i in pools) or "no BLAS found"
+
+
+def machine_description() -> str:
+    "The machine, briefly: CPU count, platform, Python and NumPy versions."
+    return (f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, NumPy {np.__version__}")
+
+# %% ../nbs/13_overhead.ipynb #26dc1743
+def _repeat(config: TrainConfig, variants, repeats: int) -> tuple[dict, dict, list]:
+    "Times per repeat and variant, the every-step run's panel costs (seconds, summed) and the budget run's throttling."
+    times, cost, throttled = {v: [] for v in variants}, dict.fromkeys(PANELS, 0.0), []
+    for _ in range(repeats):
         runs = lockstep(config, variants)
         digests = {v: r["params_sha256"] for v, r in runs.items()}
         if len(set(digests.values())) != 1:
@@ -84,74 +97,89 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
             times[v].append(r["ms_per_step"])
         if "every_step" in runs:
             for panel, seconds in runs["every_step"]["inspector"].cost.items():
-                cost[panel] += seconds
+                cost[panel] = cost.get(panel, 0.0) + seconds
         if "budget" in runs:
-            throttled = runs["budget"]["inspector"].throttled
+            throttled = list(runs["budget"]["inspector"].throttled)
+    return times, cost, throttled
+
+
+def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3,
+                  seed: int = 0, variants=("baseline", "default", "every_step", "disabled", "budget"),
+                  blas_threads: int = 1) -> dict:
+    "Interleaved overhead benchmark on the reference workload (and at other widths), under `blas_threads` BLAS threads."
+    if steps < 3:
+        raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
+    if repeats < 1 or width_repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats} and {width_repeats}")
+    variants = tuple(variants)
+    if "baseline" not in variants:
+        raise ValueError(f"the variants must include 'baseline', got {variants}")
+    config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, blas_threads=blas_threads)
+    with limit_blas_threads(blas_threads):
+        blas = blas_description()
+        times, cost, throttled = _repeat(config, variants, repeats)
+        widths_out = {}
+        for width in widths:
+            wtimes = _repeat(replace(config, hidden=(width, width)), ("baseline", "default"), width_repeats)[0]
+            widths_out[str(width)] = {"baseline_ms": statistics.median(wtimes["baseline"]),
+                                      "inspected_ms": statistics.median(wtimes["default"]),
+                                      "overhead": _spread(wtimes, "default")["median"]}
     baseline = statistics.median(times["baseline"])
-    out = {
-        "steps": steps, "repeats": repeats,
-        "baseline_ms": baseline,
-        "median_ms": {v: statistics.median(t) for v, t in times.items()},
-        "overhead_by_variant": {v: _paired_overhead(times, v) for v in variants if v != "baseline"},
-        # Each panel's own time per step (every-step run), as a share of the baseline step.
-        "per_panel": {p: 1000 * c / (repeats * steps) / baseline for p, c in cost.items()} if "every_step" in variants else {},
-        "budget_throttled": throttled,
-    }
+    out = {"steps": steps, "repeats": repeats, "blas_threads": blas_threads, "blas": blas, "baseline_ms": baseline,
+           "median_ms": {v: statistics.median(t) for v, t in times.items()},
+           "spread": {v: _spread(times, v) for v in variants if v != "baseline"},
+           # Each panel's own time per step (every-step run), as a share of the baseline step.
+           "per_panel": {p: 1000 * c / (repeats * steps) / baseline for p, c in cost.items()}
+           if "every_step" in variants else {},
+           "budget_throttled": throttled, "widths": widths_out}
+    out["overhead_by_variant"] = {v: s["median"] for v, s in out["spread"].items()}
     out["inspected_ms"] = out["median_ms"].get("default", math.nan)
     for key, variant in (("overhead", "default"), ("overhead_every_step", "every_step"),
                          ("overhead_disabled", "disabled"), ("overhead_budget", "budget")):
         out[key] = out["overhead_by_variant"].get(variant, math.nan)
-    out["widths"] = {}
-    for width in widths:
-        wconfig = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, hidden=(width, width))
-        wtimes = {"baseline": [], "default": []}
-        for rep in range(width_repeats):
-            for v, r in lockstep(wconfig, ("baseline", "default")).items():
-                wtimes[v].append(r["ms_per_step"])
-        out["widths"][str(width)] = {"baseline_ms": statistics.median(wtimes["baseline"]),
-                                     "inspected_ms": statistics.median(wtimes["default"]),
-                                     "overhead": _paired_overhead(wtimes, "default")}
-    out["machine"] = machine_description()
-    out["date"] = _dt.date.today().isoformat()
+    out["machine"], out["date"] = machine_description(), _dt.date.today().isoformat()
     return out
-
-
-def machine_description() -> str:
-    "The machine, briefly: CPU count, platform, Python and NumPy versions."
-    return (f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, NumPy {np.__version__}")
 
 # %% ../nbs/13_overhead.ipynb #e36c52d6
 def _pct(x: float) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
 
 
+def _spread_text(spread: dict | None) -> str:
+    return "" if not spread else f"{_pct(spread['low'])} to {_pct(spread['high'])}"
+
+
 def results_markdown(bench: dict) -> str:
-    "The benchmark figures as a one-page Markdown note."
-    ms = bench["median_ms"]
-    rows = [("no Inspector (baseline)", ms["baseline"], None),
-            ("Inspector, default schedules (budget <= 30%, aim <= 10%)", ms.get("default"), bench.get("overhead")),
-            ("Inspector, all seven panels every step", ms.get("every_step"), bench.get("overhead_every_step")),
-            ("Inspector attached but disabled (aim <= 1%)", ms.get("disabled"), bench.get("overhead_disabled")),
-            ("every step, budget guard at 30%", ms.get("budget"), bench.get("overhead_budget"))]
+    "The benchmark figures as a one-page Markdown note, the BLAS thread limit stated above the table."
+    ms, spread = bench["median_ms"], bench.get("spread", {})
+    rows = [("no Inspector (baseline)", "baseline", None),
+            ("Inspector, default schedules (budget <= 30%, aim <= 10%)", "default", bench.get("overhead")),
+            ("Inspector, all seven panels every step", "every_step", bench.get("overhead_every_step")),
+            ("Inspector attached but disabled (aim <= 1%)", "disabled", bench.get("overhead_disabled")),
+            ("every step, budget guard at 30%", "budget", bench.get("overhead_budget"))]
     lines = ["# Inspector overhead", "",
              f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam. Each repeat "
              f"trains one {bench['steps']}-step run per configuration, the runs advanced in lockstep (blocks of 20 "
              f"steps, rotating order); t = mean time per step of a run; figures are medians over "
-             f"{bench['repeats']} repeats, overhead = median of (t_variant - t_baseline) / t_baseline.", "",
-             "| configuration | median ms/step | overhead |", "|---|---:|---:|"]
-    lines += [f"| {name} | {t:.3f} | {_pct(o) if o is not None else '—'} |" for name, t, o in rows if t is not None]
+             f"{bench['repeats']} repeats, overhead = median of (t_variant - t_baseline) / t_baseline, with the "
+             f"lowest and highest repeat.", "",
+             f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl; {bench['blas']}).", "",
+             "| configuration | median ms/step | overhead | spread over repeats |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {ms[v]:.3f} | {_pct(o) if o is not None else '—'} | {_spread_text(spread.get(v))} |"
+              for name, v, o in rows if v in ms]
     verdict = "within" if bench.get("overhead", math.inf) <= 0.30 else "OVER"
     lines += ["", f"Default configuration: {_pct(bench.get('overhead'))}, {verdict} the 30% budget.", ""]
     if bench.get("per_panel"):
-        lines += ["Per-panel cost with every panel at every step (Inspector time per step / baseline step):", "",
-                  "| panel | cost |", "|---|---:|"]
+        lines += ["Per-panel cost with every panel at every step (`inspector.cost`: the panel's time per step / "
+                  "baseline step):", "", "| panel | cost |", "|---|---:|"]
         lines += [f"| {p} | {100 * c:.1f}% |" for p, c in bench["per_panel"].items()]
         lines.append("")
-    if bench.get("budget_throttled"):
-        lines.append("Budget guard (every-step run): " + "; ".join(
+    events = bench.get("budget_throttled") or []
+    if events:
+        shown = events[:6]
+        lines.append(f"Budget guard (every-step run, {len(events)} adjustments): " + "; ".join(
             f"step {t['step']}: {t['panel']} {t['from']} -> {t['to']} (measured {100 * t['overhead']:.0f}%)"
-            for t in bench["budget_throttled"]) + ".")
+            for t in shown) + ("; ..." if len(events) > len(shown) else "") + ".")
         lines.append("")
     if bench.get("widths"):
         lines += ["Default schedules at other widths (hidden layers width x width):", "",
@@ -165,6 +193,5 @@ def results_markdown(bench: dict) -> str:
 
 
 def write_results(bench: dict, path) -> Path:
-    path = Path(path)
-    path.write_text(results_markdown(bench), encoding="utf-8")
-    return path
+    "Write the results note to `path` atomically (a failed write leaves any earlier note intact); returns the path."
+    return atomic_write_text(path, results_markdown(bench))
