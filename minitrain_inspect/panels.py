@@ -465,8 +465,9 @@ def fixed_histogram(x, lo: float, hi: float, bins: int) -> Histogram:
     x = _as_numeric_array(x)
     # Bin positions in the input's own float type (a bin index needs no float64).
     dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
-    position = np.subtract(x.reshape(-1), lo, dtype=dtype)
-    position *= bins / (hi - lo)
+    with np.errstate(over="ignore"):  # a huge value may overflow its position to ±inf: it is then simply out of range
+        position = np.subtract(x.reshape(-1), lo, dtype=dtype)
+        position *= bins / (hi - lo)
     nan = 0
     if not all_finite(position):
         is_nan = np.isnan(position)
