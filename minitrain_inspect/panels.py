@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .stats import _as_numeric_array, all_finite, atomic_write_text, check_int, to_jsonable
+from .stats import FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, to_jsonable
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
@@ -176,13 +176,16 @@ HISTORY_VERSION = 2
 
 
 def _clean_value(value):
-    "A value as stored in a series: a float (None -> NaN) or a list of floats; anything else raises TypeError."
+    """A value as stored in a series: a float (None -> NaN, ±inf -> ±FLOAT64_MAX) or a list of those; anything else
+    raises TypeError. Saturating ±inf, as the statistics do, keeps a huge value a huge number through a save (JSON
+    has no inf), where it would otherwise come back as a gap."""
     if value is None:
         return math.nan
     if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return float(value)
+        value = float(value)
+        return value if not math.isinf(value) else math.copysign(FLOAT64_MAX, value)
     if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "fiu":
-        return value.astype(float).tolist()
+        return np.clip(value.astype(float), -FLOAT64_MAX, FLOAT64_MAX).tolist()
     if isinstance(value, (list, tuple)):
         return [_clean_value(v) if not isinstance(v, (list, tuple, np.ndarray)) else _not_a_value(value) for v in value]
     return _not_a_value(value)
@@ -270,13 +273,15 @@ class History:
             raise ValueError(f"{path}, line 1: the file is empty, not a saved history")
         history, expected = _read_head(path, lines[0])
         for number, line in enumerate(lines[1:], start=2):
+            if number - 1 > expected:
+                raise ValueError(f"{path}, line {number}: the first line promises {expected} series, the file has more")
             key, series = _read_series(path, number, line, history.max_points)
             if key in history.series:
                 raise ValueError(f"{path}, line {number}: duplicate key {key!r}")
             history.series[key] = series
-        if len(history.series) != expected:
+        if len(history.series) < expected:
             raise ValueError(f"{path}, line {len(lines) + 1}: the first line promises {expected} series, the file has "
-                             f"{len(history.series)}" + (" (truncated?)" if len(history.series) < expected else ""))
+                             f"{len(history.series)} (truncated?)")
         return history
 
 
