@@ -81,9 +81,9 @@ class Parameter:
         # An empty dict is falsy, so a parameter without hooks costs one truth test per backward.
         self._backward_hooks: dict = {}
 
-    shape = property(lambda self: self.data.shape)
-    dtype = property(lambda self: self.data.dtype)
-    size = property(lambda self: self.data.size)
+    shape = property(lambda self: self.data.shape, doc="Shape of `data` (and of `grad`).")
+    dtype = property(lambda self: self.data.dtype, doc="Dtype of `data` (and of `grad`).")
+    size = property(lambda self: self.data.size, doc="Number of entries of `data`.")
 
     def zero_grad(self) -> None:
         "Reset the accumulated gradient to zero, in place."
@@ -307,6 +307,7 @@ class Sequential(Module):
         self.layers = [layer for _, layer in pairs]
 
     def named_children(self):
+        "The layers with their names, in order."
         yield from zip(self._names, self.layers)
 
     def __getitem__(self, key):
@@ -318,11 +319,13 @@ class Sequential(Module):
         return len(self.layers)
 
     def forward(self, x):
+        "Call every layer in order on the previous one's output."
         for layer in self.layers:
             x = layer(x)
         return x
 
     def backward(self, grad_output):
+        "Send the gradient back through the layers in reverse order, firing each one's backward hooks."
         for layer in reversed(self.layers):
             grad_output = layer.run_backward(grad_output)
         return grad_output

@@ -261,17 +261,21 @@ class Lexicon:
             raise ValueError(f"unknown verb {lemma!r}: it is not in the lexicon") from None
 
     def past(self, lemma: str) -> str:
+        "The past tense of `lemma`."
         return self[lemma].past
 
     def is_regular(self, lemma: str) -> bool:
+        "Whether `lemma` has a regular past tense."
         return self[lemma].regular
 
     @property
     def regular(self) -> list[Verb]:
+        "The regular verbs, in lexicon order."
         return [v for v in self if v.regular]
 
     @property
     def irregular(self) -> list[Verb]:
+        "The irregular verbs, in lexicon order."
         return [v for v in self if not v.regular]
 
 
@@ -349,7 +353,7 @@ def one_hot(indices: np.ndarray, dtype=DEFAULT_DTYPE) -> np.ndarray:
     indices = check_symbol_indices(indices, "one_hot", ndim=2)
     out = np.zeros(indices.shape + (N_SYMBOLS,), dtype=as_float_dtype(dtype))
     np.put_along_axis(out, indices[..., None], 1, axis=-1)
-    return out.reshape(indices.shape[0], -1)
+    return out.reshape(indices.shape[0], indices.shape[1] * N_SYMBOLS)  # explicit, so an empty batch works too
 
 # %% ../nbs/05_data.ipynb #ef60c55b
 REGULAR_VERBS = frozenset({"work", "play", "walk", "talk", "listen", "watch", "study", "finish", "start",
@@ -371,6 +375,7 @@ class Split:
 
     @classmethod
     def from_verbs(cls, verbs: list[Verb], dtype=DEFAULT_DTYPE) -> "Split":
+        "Encode `verbs` as a `Split` (inputs one-hot in `dtype`)."
         lemmas = [v.lemma for v in verbs]
         pasts = [v.past for v in verbs]
         src = np.stack([encode_word(w, MAX_LEMMA_LEN) for w in lemmas]) if verbs else np.zeros((0, MAX_LEMMA_LEN), np.int64)

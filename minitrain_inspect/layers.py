@@ -54,6 +54,7 @@ class Linear(Module):
         self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x):
+        "`x @ weight + bias`, saving `x` for backward."
         check_input(x, self, self.in_features, self.weight.dtype)
         ### BEGIN SOLUTION
         self.save_for_backward(x)
@@ -64,6 +65,7 @@ class Linear(Module):
         ### END SOLUTION
 
     def backward(self, grad_output):
+        "Accumulate the weight and bias gradients; return the input gradient."
         ### BEGIN SOLUTION
         x, = self.saved_for_backward()
         x2 = x.reshape(-1, self.in_features)
@@ -75,6 +77,7 @@ class Linear(Module):
         ### END SOLUTION
 
     def extra_repr(self):
+        "The constructor arguments, for `repr`."
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
 
 # %% ../nbs/01_layers.ipynb #40712a6c
@@ -82,6 +85,7 @@ class ReLU(Module):
     "Rectified linear unit, `max(x, 0)`."
 
     def forward(self, x):
+        "`max(x, 0)`, saving the output for backward."
         check_float_array(x, self)
         ### BEGIN SOLUTION
         y = np.maximum(x, 0)
@@ -90,6 +94,7 @@ class ReLU(Module):
         ### END SOLUTION
 
     def backward(self, grad_output):
+        "Pass the gradient where the output was positive."
         ### BEGIN SOLUTION
         y, = self.saved_for_backward()
         return grad_output * (y > 0)
@@ -100,6 +105,7 @@ class Tanh(Module):
     "Hyperbolic tangent."
 
     def forward(self, x):
+        "`tanh(x)`, saving the output for backward."
         check_float_array(x, self)
         ### BEGIN SOLUTION
         y = np.tanh(x)
@@ -108,6 +114,7 @@ class Tanh(Module):
         ### END SOLUTION
 
     def backward(self, grad_output):
+        "Scale the gradient by `1 - y**2`."
         ### BEGIN SOLUTION
         y, = self.saved_for_backward()
         return grad_output * (1 - y * y)
@@ -125,6 +132,7 @@ class Dropout(Module):
         self.rng = np.random.default_rng(rng)
 
     def forward(self, x):
+        "Apply a fresh random mask in training mode (saved for backward); pass `x` through in eval mode."
         check_float_array(x, self)
         if not self.training or self.p == 0.0:
             self.save_for_backward(None)
@@ -135,10 +143,12 @@ class Dropout(Module):
         return x * mask
 
     def backward(self, grad_output):
+        "Apply the forward call's mask to the gradient."
         mask, = self.saved_for_backward()
         return grad_output if mask is None else grad_output * mask
 
     def extra_repr(self):
+        "The constructor arguments, for `repr`."
         return f"p={self.p}"
 
 # %% ../nbs/01_layers.ipynb #00398dda
@@ -157,6 +167,7 @@ class LayerNorm(Module):
         self.bias = Parameter(np.zeros(features, dtype=dtype))
 
     def forward(self, x):
+        "Normalise over the last axis, then scale and shift, saving what backward needs."
         check_input(x, self, self.features, self.weight.dtype)
         mu = x.mean(axis=-1, keepdims=True)
         xc = x - mu
@@ -166,6 +177,7 @@ class LayerNorm(Module):
         return x_hat * self.weight.data + self.bias.data
 
     def backward(self, grad_output):
+        "Accumulate the weight and bias gradients; return the input gradient."
         x_hat, inv_std = self.saved_for_backward()
         g2 = grad_output.reshape(-1, self.features)
         self.weight.grad += (g2 * x_hat.reshape(-1, self.features)).sum(axis=0)
@@ -175,4 +187,5 @@ class LayerNorm(Module):
                           - x_hat * (gx_hat * x_hat).mean(axis=-1, keepdims=True))
 
     def extra_repr(self):
+        "The constructor arguments, for `repr`."
         return f"{self.features}, eps={self.eps}"

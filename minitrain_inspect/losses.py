@@ -29,6 +29,7 @@ class SoftmaxCrossEntropy(Module):
         self._cache = None
 
     def forward(self, logits: np.ndarray, targets: np.ndarray) -> LossOutput:
+        "The mean loss and the loss of each example; caches the softmax for `backward` (one call at a time)."
         if not isinstance(logits, np.ndarray) or logits.dtype not in (np.float32, np.float64):
             raise TypeError(f"logits must be a float32 or float64 array, got {getattr(logits, 'dtype', type(logits).__name__)}")
         targets = np.asarray(targets)

@@ -114,6 +114,7 @@ class SGD(Optimizer):
         self.velocity = [np.zeros_like(p.data) for p in self.params] if self.momentum else None
 
     def step(self) -> None:
+        "One update: `v = momentum * v + grad`, `data -= lr * v` (plain SGD without momentum)."
         ### BEGIN SOLUTION
         self.steps += 1
         if self.velocity is None:
@@ -139,6 +140,7 @@ class Adam(Optimizer):
         self.s = [np.zeros_like(p.data) for p in self.params]
 
     def step(self) -> None:
+        "One bias-corrected Adam update of every parameter, in place."
         ### BEGIN SOLUTION
         self.steps += 1
         b1, b2, t = self.beta1, self.beta2, self.steps

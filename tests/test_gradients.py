@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from minitrain_inspect.core import Sequential
-from minitrain_inspect.gradcheck import check_loss_gradient, check_module_gradients, relative_error
+from minitrain_inspect.core import Module, Sequential
+from minitrain_inspect.gradcheck import check_loss_gradient, check_module_gradients, numerical_gradient, relative_error
 from minitrain_inspect.layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from minitrain_inspect.losses import SoftmaxCrossEntropy
 from minitrain_inspect.train import PastTenseModel
@@ -57,10 +57,110 @@ def test_past_tense_model_gradients():
 def test_gradient_check_detects_a_wrong_backward():
     class Wrong(Tanh):
         def backward(self, g):
-            return g * (1 - self._y)
+            y, = self.saved_for_backward()
+            return g * (1 - y)
     assert check_module_gradients(Wrong(), X)["input"] > 1e-3
 
 
 def test_relative_error_rejects_shape_mismatch():
     with pytest.raises(ValueError, match="shapes differ"):
         relative_error(np.zeros(2), np.zeros(3))
+
+
+# -- modules used several times in one forward (issue 7) -----------------------------------------------
+
+class SameMasks(Module):
+    "Resets the dropout generator before each forward, so finite differences see the same masks every time."
+    def __init__(self, net, dropout):
+        super().__init__()
+        self.net, self.dropout = net, dropout
+
+    def forward(self, x):
+        self.dropout.rng = np.random.default_rng(0)
+        return self.net(x)
+
+    def backward(self, g):
+        return self.net.run_backward(g)
+
+
+def lin(seed, n=5):
+    return Linear(n, n, rng=seed, dtype=np.float64)
+
+
+def reused_stack(depth, seed=7):
+    "One Linear and one Tanh, each used `depth` times."
+    shared, act = lin(seed, 4), Tanh()
+    return Sequential(*[m for _ in range(depth) for m in (shared, act)])
+
+
+def reuse_cases():
+    shared, relu, ln, drop = lin(1), ReLU(), LayerNorm(5, dtype=np.float64), Dropout(0.5, rng=0)
+    return {
+        "linear-twice": Sequential(shared, ReLU(), shared),
+        "linear-three-times-nested": Sequential(Sequential(shared, Tanh()), shared, Tanh(), shared),
+        "relu-twice": Sequential(lin(2), relu, lin(3), relu),
+        "layernorm-twice": Sequential(ln, lin(4), ln),
+        "dropout-twice": SameMasks(Sequential(drop, lin(5), drop), drop),
+        **{f"depth-{d}": reused_stack(d) for d in (1, 2, 3, 5)},
+    }
+
+
+@pytest.mark.parametrize("name", list(reuse_cases()))
+def test_reused_module_gradients_match_finite_differences(name):
+    module = reuse_cases()[name]
+    x = away_from_zero(X)[:, :4] if name.startswith("depth") else away_from_zero(X)
+    errors = check_module_gradients(module, x)
+    assert max(errors.values()) <= TOL, errors
+
+
+def test_shared_linear_regression_value():
+    "Issue 7: a Linear used twice got one weight gradient badly wrong; now it matches finite differences."
+    shared = Linear(3, 3, rng=0, dtype=np.float64)
+    net = Sequential(shared, ReLU(), shared)
+    x = np.random.default_rng(1).standard_normal((4, 3))
+    R = np.random.default_rng(2).standard_normal((4, 3))
+    net.zero_grad()
+    net(x)
+    net.backprop(R)
+    numeric = numerical_gradient(lambda: float((net(x) * R).sum()), shared.weight.data)
+    np.testing.assert_allclose(shared.weight.grad, numeric, atol=1e-7)
+
+
+def test_repeated_forwards_without_backward_then_one_backward():
+    "Predictions between steps (or gradcheck's many forwards) leave the next backward correct."
+    net = Sequential(a=lin(1), b=Tanh(), c=lin(2))
+    x = X[:, :5]
+    R = rng.standard_normal((6, 5))
+    net.zero_grad(); net(x); reference = net.backprop(R), net["a"].weight.grad.copy()
+    for i in range(100):
+        net(x + i)          # many forwards of other data
+    net.zero_grad(); net(x)
+    grad_input = net.backprop(R)
+    np.testing.assert_array_equal(grad_input, reference[0])
+    np.testing.assert_array_equal(net["a"].weight.grad, reference[1])
+    assert all(len(m._saved.entries) <= Module.max_saved_calls for _, m in net.named_modules())
+
+
+def test_eval_forwards_between_steps_do_not_disturb_training():
+    net = Sequential(a=lin(1), d=Dropout(0.5, rng=3), c=lin(2))
+    twin = Sequential(a=lin(1), d=Dropout(0.5, rng=3), c=lin(2))
+    x, R = X[:, :5], rng.standard_normal((6, 5))
+    for step in range(3):
+        for model in (net, twin):
+            model.zero_grad(); model(x); model.backprop(R)
+        net.eval(); net(x * 10); net.train()     # an evaluation between steps, on net only
+        for name in ("a", "c"):
+            np.testing.assert_array_equal(net[name].weight.grad, twin[name].weight.grad)
+
+
+def test_repeated_backward_after_one_forward_accumulates_the_same_gradient():
+    for module in (lin(1), Sequential(lin(2), ReLU(), lin(3)), LayerNorm(5, dtype=np.float64), Dropout(0.5, rng=0)):
+        x, R = away_from_zero(X[:, :5]), rng.standard_normal((6, 5))
+        module.zero_grad()
+        module(x)
+        first = module.backprop(R)
+        grads = [p.grad.copy() for p in module.parameters()]
+        second = module.backprop(R)
+        np.testing.assert_array_equal(first, second)
+        for p, g in zip(module.parameters(), grads):
+            np.testing.assert_array_equal(p.grad, 2 * g)

@@ -24,6 +24,12 @@ def test_sets_are_the_labs():
     assert IRREGULAR_VERBS == frozenset("be have do go come see eat write".split())
 
 
+def test_sets_are_the_data_modules_own():
+    "Issue 7: the verb sets live with the data; per_class_loss imports them, so both names are one object."
+    from minitrain_inspect import data
+    assert REGULAR_VERBS is data.REGULAR_VERBS and IRREGULAR_VERBS is data.IRREGULAR_VERBS
+
+
 def test_returns_python_floats():
     r, i = partition_batch_loss(np.array([1.0, 2.0], dtype=np.float32), ["go", "walk"])
     assert type(r) is float and type(i) is float
