@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import LogNorm, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -115,7 +116,7 @@ def plot_per_layer(ax, history: History, style: LayerStyle, panel: str, field: s
         steps, values = history.get(f"{panel}/{name}/{field}")
         if not steps.size:
             continue
-        ax.plot(steps, values, **style.line(name))
+        ax.plot(steps, values, gid=f"{panel}/{name}/{field}", **style.line(name))   # gid: the series drawn
         drawn += 1
         _nonfinite_marks(ax, *history.get(f"{panel}/{name}/nonfinite"), style.colour(name))
     return drawn
@@ -233,7 +234,7 @@ def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) ->
         units, outputs = UNIT_FIELDS[_unit_kind(history, name)]
         for field, ls in ((units, "-"), (outputs, "--")):
             steps, share = history.get(f"units/{name}/{field}")
-            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5)
+            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5, gid=f"units/{name}/{field}")
     if not layers:
         _message(ax, "no unit health recorded")
     else:
@@ -449,11 +450,9 @@ def render_dashboard(history: History, title: str | None = None, figsize=(20, 25
 def save_dashboard(history: History, path, title: str | None = None, dpi: int = 90) -> Path:
     "Render the dashboard and write it atomically to `path` (PNG, or any format matplotlib knows by the suffix)."
     path = Path(path)
-    fig = render_dashboard(history, title)
-    kind = path.suffix.lstrip(".").lower()
-    if kind not in fig.canvas.get_supported_filetypes():
-        raise ValueError(f"cannot write a dashboard as {path.name!r}: the suffix must be one of "
-                         f"{sorted(fig.canvas.get_supported_filetypes())}")
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format=kind, dpi=dpi)
+    with atomic_output(path) as tmp:              # checks the target first: a folder, a missing folder
+        kind, known = path.suffix.lstrip(".").lower(), FigureCanvasBase.get_supported_filetypes()
+        if kind not in known:
+            raise ValueError(f"cannot write a dashboard as {path.name!r}: the suffix must be one of {sorted(known)}")
+        render_dashboard(history, title).savefig(tmp, format=kind, dpi=dpi)
     return path
