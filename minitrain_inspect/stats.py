@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 import secrets
 import stat
@@ -44,9 +45,9 @@ def _as_numeric_array(x) -> np.ndarray:
 def float64_sum(x: np.ndarray) -> float:
     "Sum of all values of `x`, accumulated in float64. A finite result proves that every value is finite."
     if x.dtype.itemsize < 8 or x.dtype.kind != "f":  # float32 (or integer) values cannot overflow a float64 sum
-        return float(np.add.reduce(x.reshape(-1), dtype=np.float64))
+        return float(np.add.reduce(x, axis=None, dtype=np.float64))
     with np.errstate(over="ignore"):  # float64 values can: that is an expected outcome here, not a warning
-        return float(np.add.reduce(x.reshape(-1), dtype=np.float64))
+        return float(np.add.reduce(x, axis=None, dtype=np.float64))
 
 
 def all_finite(x) -> bool:
@@ -230,7 +231,7 @@ def merge_moments(a: TensorMoments, b: TensorMoments) -> TensorMoments:
         mean, m2, exp = _merge_extreme(a, b, n, delta)
     m2, exp = _normalize(m2, exp)
     ### END SOLUTION
-    return TensorMoments(n, mean, m2, min(a.min, b.min), max(a.max, b.max), nonfinite, nan, exp)
+    return TensorMoments._make((n, mean, m2, min(a.min, b.min), max(a.max, b.max), nonfinite, nan, exp))
 
 # %% ../nbs/08_stats.ipynb #f0fab3b6
 def new_state() -> dict:
@@ -250,14 +251,16 @@ def _complete(state: dict) -> dict:
     return state
 
 
+_moment_values = operator.itemgetter(*TensorMoments._fields)  # the state keys that hold a TensorMoments, in order
+
+
 def _moments_of(state: dict) -> TensorMoments:
-    return TensorMoments(state["n"], state["mean"], state["m2"], state["min"], state["max"], state["nonfinite"],
-                         state["nan"], state["m2_exp"])
+    return TensorMoments._make(_moment_values(state))
 
 
 def _store(state: dict, tm: TensorMoments) -> None:
-    state.update(n=tm.n, mean=tm.mean, m2=tm.m2, m2_exp=tm.m2_exp, min=tm.min, max=tm.max, nonfinite=tm.nonfinite,
-                 nan=tm.nan)
+    (state["n"], state["mean"], state["m2"], state["min"], state["max"], state["nonfinite"], state["nan"],
+     state["m2_exp"]) = tm
 
 
 def welford_update(state: dict, x, scratch: np.ndarray | None = None) -> TensorMoments:
