@@ -19,7 +19,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'all_finite', 'TensorMoments', 'tensor_moments', 'merge_moments',
-           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'atomic_output', 'atomic_write_text']
+           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
+           'atomic_write_text']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -354,6 +355,15 @@ def _temporary_beside(path: Path) -> Path:
         os.close(fd)
         return tmp
     raise ValueError(f"cannot write {path}: no free temporary name in folder {path.parent}")
+
+
+def check_output_path(path) -> Path:
+    """`path` as a Path if a file can be written there (its folder exists, is a folder and is writable, and `path` is
+    not a folder); else a ValueError naming the path and the reason. Leaves nothing behind: for checking every output
+    before a long run starts."""
+    path = _check_target(path)
+    os.unlink(_temporary_beside(path))
+    return path
 
 
 def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 from minitrain_inspect.panels import (Every, LogSchedule, as_schedule, fixed_histogram, histogram_edges,
                                       unit_health)
 from minitrain_inspect.stats import (FLOAT64_MAX, TensorMoments, all_finite, atomic_output, atomic_write_text,
-                                     check_int, merge, merge_moments, new_state, summarize, tensor_moments,
+                                     check_int, check_output_path, merge, merge_moments, new_state, summarize, tensor_moments,
                                      to_jsonable, welford_update)
 
 rng = np.random.default_rng(7)
@@ -116,15 +116,21 @@ def test_chunking_does_not_matter(x, cuts_a, cuts_b):
     assert_same_moments(feed(split_at(x, cuts_a)), feed(split_at(x, cuts_b)))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(data_arrays, min_size=1, max_size=5), st.randoms(use_true_random=False))
-def test_merge_of_workers_equals_one_stream(parts, random):
-    "Statistics from several workers, merged in any order, equal those of one stream over all the data."
+def merge_shuffled(parts, random):
+    "The states of `parts` (one worker each), merged in a random order; and the states."
     states = [feed([p]) for p in parts]
     random.shuffle(states)
     merged = new_state()
     for s in states:
         merged = merge(merged, s)
+    return merged, states
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(data_arrays, min_size=1, max_size=5), st.randoms(use_true_random=False))
+def test_merge_of_workers_equals_one_stream(parts, random):
+    "Statistics from several workers, merged in any order, equal those of one stream over all the data."
+    merged, states = merge_shuffled(parts, random)
     whole = feed([np.concatenate(parts)])
     assert_same_moments(merged, whole)
     assert merged["tensors"] == sum(s["tensors"] for s in states)
@@ -258,11 +264,7 @@ def test_any_finite_float32_gives_finite_exact_moments(x):
        st.randoms(use_true_random=False))
 def test_merging_extreme_states_stays_finite_and_exact(parts, random):
     "States (and merges of states) of any finite data never overflow and agree with exact arithmetic."
-    states = [feed([p]) for p in parts]
-    random.shuffle(states)
-    merged = new_state()
-    for s in states:
-        merged = merge(merged, s)
+    merged, _ = merge_shuffled(parts, random)
     whole = np.concatenate(parts)
     assert merged["n"] == whole.size
     assert all(math.isfinite(merged[k]) for k in ("mean", "m2", "l2_mean"))
@@ -443,6 +445,10 @@ def test_bad_output_paths(tmp_path):
         atomic_write_text(tmp_path / "a", b"bytes")
     with pytest.raises(TypeError, match="str or os.PathLike"):
         atomic_write_text(3, "x")
+    for path, match in cases:
+        with pytest.raises(ValueError, match=match):
+            check_output_path(path)
+    assert check_output_path(tmp_path / "ok.txt") == tmp_path / "ok.txt"
     assert sorted(os.listdir(tmp_path)) == ["file"]
 
 
