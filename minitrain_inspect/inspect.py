@@ -283,7 +283,8 @@ class BudgetGuard:
         self.budget, self.window, self.clock, self.max_stride = float(budget), window, clock, max_stride
         self.throttled: list[dict] = []
         self.notes: list[str] = []
-        self._steps, self._step_time, self._last_end = 0, 0.0, None
+        self._training: list[float] = []          # seconds of training proper in each step of the window
+        self._last_end, self._last_cost = None, 0.0
         self._costs_at_start: dict[str, float] = {}
         self._measured_at_start: dict[str, int] = {}
         self._per_run: dict[str, float] = {}      # seconds per measurement, per panel (latest window that measured)
@@ -294,15 +295,15 @@ class BudgetGuard:
 
     def end_step(self, step: int, panels: dict[str, Panel]) -> None:
         "Called at the end of every step: time it, and review the panels at the end of each window."
-        now = self.clock()
+        now, cost = self.clock(), sum(panel.cost for panel in panels.values())
         if self._last_end is None:                  # the first step has no start to time it from
-            self._last_end, self._costs_at_start = now, {p: panel.cost for p, panel in panels.items()}
+            self._last_end, self._last_cost = now, cost
+            self._costs_at_start = {p: panel.cost for p, panel in panels.items()}
             self._measured_at_start = {p: panel.measured for p, panel in panels.items()}
             return
-        self._step_time += now - self._last_end
-        self._last_end = now
-        self._steps += 1
-        if self._steps >= self.window:
+        self._training.append(now - self._last_end - (cost - self._last_cost))
+        self._last_end, self._last_cost = now, cost
+        if len(self._training) >= self.window:
             self.review(step, panels)
 
     def review(self, step: int, panels: dict[str, Panel]) -> None:
@@ -312,9 +313,11 @@ class BudgetGuard:
             runs = panels[p].measured - self._measured_at_start.get(p, 0)
             if runs:                       # a panel that did not measure in this window keeps its last estimate
                 self._per_run[p] = spent[p] / runs
-        training = max(self._step_time - sum(spent.values()), 1e-12) / self._steps
+        # The median step: a pause between steps (an evaluation, other work interleaved with this run) is not training.
+        training = max(float(np.median(self._training)), 1e-12)
+        steps = len(self._training)
         projected = {p: self._per_run.get(p, 0.0) * _due_rate(panels[p], step, self.window) for p in panels}
-        overhead = sum(spent.values()) / (training * self._steps)
+        overhead = sum(spent.values()) / (training * steps)
         target = 0.8 * self.budget * training
         fixed = sum(v for p, v in projected.items() if p not in REDUCIBLE_PANELS)
         if fixed > target:
@@ -340,7 +343,7 @@ class BudgetGuard:
                 if p in panels and panels[p].stride > 1:
                     self._set_stride(step, panels[p], panels[p].stride // 2, overhead)
         ### END SOLUTION
-        self._steps, self._step_time = 0, 0.0
+        self._training = []
         self._costs_at_start = {p: panel.cost for p, panel in panels.items()}
         self._measured_at_start = {p: panel.measured for p, panel in panels.items()}
 

@@ -317,13 +317,13 @@ def to_jsonable(obj):
 
 def summarize(state: dict) -> dict:
     """JSON-ready view of a state: n, mean, var, std (ddof=1), min, max, l2, l2_mean, tensors, nonfinite, nan, inf,
-    and `saturated`, the fields whose true value exceeds float64 and is reported as FLOAT64_MAX."""
+    and `saturated`, the comma-separated fields whose true value exceeds float64 (reported as FLOAT64_MAX)."""
     s = _complete(dict(state))
     tm = _moments_of(s)
     out = {"n": tm.n, "mean": tm.mean if tm.n else math.nan, "var": tm.var, "std": tm.std, "min": s["min"],
            "max": s["max"], "l2": s["l2"], "l2_mean": s["l2_mean"] if s["l2_tensors"] else math.nan,
            "tensors": s["tensors"], "nonfinite": s["nonfinite"], "nan": s["nan"], "inf": s["nonfinite"] - s["nan"]}
-    out["saturated"] = [k for k in ("var", "std", "l2", "l2_mean") if abs(out[k]) == FLOAT64_MAX]
+    out["saturated"] = ",".join(k for k in ("var", "std", "l2", "l2_mean") if abs(out[k]) == FLOAT64_MAX)
     return to_jsonable(out)
 
 # %% ../nbs/08_stats.ipynb #df21b88d
