@@ -546,3 +546,40 @@ def test_nan_activations_do_not_look_healthy(small_net, batch):
     _, zero = inspector.history.get("units/act/zero_share")
     assert math.isnan(dead[0]) and math.isnan(zero[0])
     assert math.isnan(inspector.stats["act"]["l2"])
+
+
+class TickingClock(FakeClock):
+    "Every reading costs `tick` seconds: a deterministic stand-in for time spent measuring."
+
+    def __init__(self, tick):
+        super().__init__()
+        self.tick = tick
+
+    def __call__(self):
+        self.t += self.tick
+        return self.t
+
+
+@pytest.mark.parametrize("budget", [0.30, 0.05, 0.01, 1e-6])
+@pytest.mark.parametrize("schedules", [EVERY_STEP, {**{p: "log" for p in PANELS}, "loss": 1}])
+def test_budget_guard_with_an_injected_clock_on_a_plain_loop(budget, schedules):
+    """Deterministic: the loop's training advances the clock 10 ms a step, each clock reading 0.5 ms (so each
+    measurement costs 0.5 ms: every panel at every step costs about 75% of a step)."""
+    clock = TickingClock(5e-4)
+    net = Sequential(fc1=Linear(3, 8, rng=0), act=ReLU(), fc2=Linear(8, 2, rng=1))
+    loss_fn, opt = SoftmaxCrossEntropy(), SGD(net.parameters(), lr=0.01)
+    inspector = Inspector(net, optimizer=opt, loss_fn=loss_fn, schedules=schedules, budget=budget,
+                          budget_window=10, clock=clock).attach()
+    x, y = np.ones((4, 3), np.float32), np.array([0, 1, 0, 1])
+    for _ in range(300):
+        net.zero_grad(); loss_fn(net(x), y); net.backprop(loss_fn.backward()); opt.step()
+        clock.advance(0.010)
+    again = [dict(e) for e in inspector.throttled]
+    assert all(1 <= p.stride <= inspector.max_stride for p in inspector.panels.values())
+    assert len(inspector.throttled) <= 5 * 300 // 10
+    if budget >= 0.05 and schedules is EVERY_STEP:
+        assert inspector.throttled, "an every-step Inspector costing more than the budget must be thinned"
+    if budget == 1e-6:
+        assert any("cannot be met" in n for n in inspector.history.meta["notes"])
+    assert inspector.history.get("loss/train")[0].tolist() == list(range(300))   # the loss is never thinned
+    assert again == inspector.throttled
