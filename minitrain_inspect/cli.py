@@ -19,12 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import __version__
-from .stats import atomic_write_text, to_jsonable
+from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import TrainConfig, train
 
 # %% auto #0
-__all__ = ['PROG', 'COMMANDS', 'OneLineParser', 'build_parser', 'check_output_file', 'staging_folder', 'sigint_deferred',
-           'publish', 'train_summary', 'main']
+__all__ = ['PROG', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'sigint_deferred', 'publish', 'train_summary',
+           'main']
 
 # %% ../nbs/12_cli.ipynb #1d9c9feb
 PROG = "minitrain-inspect"
@@ -112,28 +112,11 @@ def _add_benchmark_flags(p, prefix: str) -> None:
                    help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
 
 # %% ../nbs/12_cli.ipynb #17b4789a
-def check_output_file(path) -> Path:
-    "`path` as a Path if a file can be written there; else a ValueError naming the path and the reason. Writes nothing."
-    path = Path(path)
-    ### BEGIN SOLUTION
-    if path.is_dir():
-        raise ValueError(f"cannot write {path}: it is a folder, and a file is wanted")
-    folder = path.parent
-    if not folder.is_dir():
-        raise ValueError(f"cannot write {path}: {folder} is {'not a folder' if folder.exists() else 'missing'}")
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".check"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"cannot write {path}: cannot create a file in {folder} ({exc.strerror})") from None
-    ### END SOLUTION
-    return path
-
-
 def staging_folder(out_dir) -> Path:
     """Create `out_dir` if needed and a new hidden staging folder inside it, and return the staging folder: the
     check that the folder is writable, and the place a run's files are written before they are moved in."""
     out_dir = Path(out_dir)
+    ### BEGIN SOLUTION
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"cannot write to folder {out_dir}: it is a file")
     try:
@@ -141,6 +124,7 @@ def staging_folder(out_dir) -> Path:
         return Path(tempfile.mkdtemp(dir=out_dir, prefix=".minitrain-inspect-run-"))
     except OSError as exc:
         raise ValueError(f"cannot write to folder {out_dir}: {exc.strerror}") from None
+    ### END SOLUTION
 
 # %% ../nbs/12_cli.ipynb #30841590
 @contextlib.contextmanager
@@ -251,7 +235,8 @@ def _run_demo(args) -> int:
         _print_train_text(summary)
         bench, text = None, "# Inspector overhead\n\nNot measured (--no-benchmark).\n"
         if not args.no_benchmark:
-            print("measuring the overhead (interleaved runs with and without the Inspector)...", file=sys.stderr)
+            if not args.quiet:
+                print("measuring the overhead (interleaved runs with and without the Inspector)...", file=sys.stderr)
             bench = _benchmark(args.bench_steps, args.bench_repeats, args.bench_widths, args.blas_threads)
             text = results_markdown(bench)
         atomic_write_text(staging / "results.md", text + (
@@ -271,7 +256,7 @@ def _run_demo(args) -> int:
 
 # %% ../nbs/12_cli.ipynb #4c377904
 def _run_dashboard(args) -> int:
-    out = check_output_file(args.out)
+    out = check_output_path(args.out)
     if not args.history.is_file():
         raise ValueError(f"no saved history at {args.history}")
     from minitrain_inspect.dashboard import save_dashboard
@@ -283,7 +268,7 @@ def _run_dashboard(args) -> int:
 
 def _run_overhead(args) -> int:
     from minitrain_inspect.overhead import results_markdown, write_results
-    out = None if args.out is None else check_output_file(args.out)
+    out = None if args.out is None else check_output_path(args.out)
     _check_benchmark_flags(args.steps, args.repeats, args.widths)
     TrainConfig(blas_threads=args.blas_threads)                # checks the thread count
     bench = _benchmark(args.steps, args.repeats, args.widths, args.blas_threads)

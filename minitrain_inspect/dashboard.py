@@ -341,7 +341,8 @@ def summary_lines(history: History, max_events: int = 3) -> list[str]:
     steps = history.get("loss/train")[0]
     lines = [f"last step recorded: {int(steps[-1]) if steps.size else 'none'}",
              f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
-             f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}"]
+             f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}" if history.get("loss/val")[0].size
+             else "held-out loss: not recorded"]
     reg, irr = (_last_finite(history, f"per_class/{c}", 25) for c in ("regular", "irregular"))
     if math.isfinite(reg) or math.isfinite(irr):
         lines.append(f"per-class loss (last 25): regular {_fmt(reg)}, irregular {_fmt(irr)}")
@@ -358,7 +359,7 @@ def summary_lines(history: History, max_events: int = 3) -> list[str]:
             lines.append(f"{_short(name)}: {_fmt(units, '.1f')}% of units saturated, "
                          f"{_fmt(outputs, '.1f')}% of outputs saturated")
         outside = [(side, 100 * _last_finite(history, f"units/{name}/{side}")) for side in ("below", "above")]
-        outside = [f"{share:.1f}% {side}" for side, share in outside if math.isfinite(share) and share > 0]
+        outside = [f"{share:.2g}% {side}" for side, share in outside if math.isfinite(share) and share > 0]
         if outside:
             lines.append(f"  outside the histogram's range: {', '.join(outside)}")
     ratios = [r for r in (_last_finite(history, f"updates/{n}/ratio") for n in history.names("updates"))

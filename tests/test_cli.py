@@ -1,20 +1,40 @@
-"The console script, run as a user would: a subprocess."
+"The console script, run as a user would: a subprocess. Bad paths, bad flags, Ctrl-C, thread settings."
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from minitrain_inspect import __version__
+
 # The console script installed beside this interpreter (the project's virtual environment), else on PATH.
 _beside = Path(sys.executable).with_name("minitrain-inspect")
 SCRIPT = str(_beside) if _beside.exists() else shutil.which("minitrain-inspect")
+RUN_FILES = ["dashboard.png", "history.jsonl", "results.md", "snapshot.json"]
+# Far more steps than the timeout allows: a command that reaches training before failing shows up as a timeout.
+FOREVER = "100000000"
 
 
-def run(*args):
+def run(*args, timeout=300, env=None, cwd=None):
     assert SCRIPT, "the minitrain-inspect console script is not installed"
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def assert_one_line_error(r, words=""):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("minitrain-inspect: error:"), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "", (r.stdout, r.stderr)
+    assert words in r.stderr, (words, r.stderr)
+
+
+def test_version():
+    r = run("--version")
+    assert (r.returncode, r.stdout) == (0, f"minitrain-inspect {__version__}\n")
 
 
 def test_train_json_is_reproducible():
@@ -27,12 +47,32 @@ def test_train_json_is_reproducible():
     assert a["params_sha256"] == b["params_sha256"]
 
 
+def test_same_hash_whatever_the_environment_says_about_threads():
+    "Training is held to --blas-threads (default 1) inside the package: the environment's setting does not matter."
+    digests = set()
+    for threads in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        r = run("train", "--steps", "30", "--json", "--quiet", env=env)
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["config"]["blas_threads"] == 1
+        digests.add(summary["params_sha256"])
+    assert len(digests) == 1, digests
+
+
+def test_blas_threads_flag_reaches_the_config():
+    r = run("train", "--steps", "3", "--json", "--quiet", "--blas-threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["config"]["blas_threads"] == 2
+
+
 def test_inspect_flag_adds_snapshot_and_changes_nothing():
     plain = json.loads(run("train", "--steps", "30", "--json", "--quiet").stdout)
     inspected = json.loads(run("train", "--steps", "30", "--json", "--quiet", "--inspect").stdout)
     assert inspected["params_sha256"] == plain["params_sha256"]
     assert "snapshot" in inspected and "snapshot" not in plain
-    assert inspected["snapshot"]["mlp.act1"]["kind"] == "activation"
+    assert "mlp.act1" in inspected["snapshot"]
+    assert "inspect" not in inspected["config"], "--inspect is a flag of the command line, not of TrainConfig"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -41,16 +81,139 @@ def test_inspect_flag_adds_snapshot_and_changes_nothing():
     (("--optimizer", "lbfgs"), "optimizer must be"),
     (("--steps", "many"), "invalid int value"),
     (("--hidden", "0"), "hidden width"),
+    (("--blas-threads", "0"), "blas_threads"),
+    (("--blas-threads", "two"), "invalid int value"),
 ])
 def test_bad_input_is_one_line(args, message):
-    r = run("train", "--quiet", *args)
-    assert r.returncode != 0
-    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-    assert r.stdout == ""
+    assert_one_line_error(run("train", "--quiet", *args), message)
 
 
 def test_help_lists_flags():
     r = run("train", "--help")
     assert r.returncode == 0
-    for flag in ("--steps", "--seed", "--json", "--inspect", "--quiet"):
+    for flag in ("--steps", "--seed", "--json", "--inspect", "--quiet", "--blas-threads"):
         assert flag in r.stdout
+    top = run("--help")
+    for word in ("--version", "train", "demo", "dashboard", "overhead"):
+        assert word in top.stdout
+
+
+def _bad_outputs(tmp_path):
+    "Output paths that cannot be used, by command; each must be refused before any work."
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    cases = [
+        ("demo", "--out", "/proc/x"),                           # a folder that cannot be created
+        ("demo", "--out", str(a_file)),                         # a file where a folder is wanted
+        ("demo", "--out", str(a_file / "sub")),                 # a folder under a file
+        ("overhead", "--out", "/proc/x/results.md"),            # a file in a folder that does not exist
+        ("overhead", "--out", "/proc/results.md"),              # a folder where no file can be created
+        ("overhead", "--out", str(tmp_path)),                   # a folder where a file is wanted
+        ("overhead", "--out", str(a_file / "results.md")),      # a file under a file
+        ("dashboard", str(a_file), "--out", "/proc/x.png"),
+        ("dashboard", str(a_file), "--out", str(tmp_path)),
+    ]
+    if os.geteuid() != 0:                                       # root writes anywhere; a read-only folder is no test
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        cases += [("demo", "--out", str(locked / "out")), ("overhead", "--out", str(locked / "r.md"))]
+    return cases
+
+
+def test_every_bad_output_path_is_refused_before_any_work(tmp_path):
+    for case in _bad_outputs(tmp_path):
+        extra = ("--steps", FOREVER, "--quiet", "--no-benchmark") if case[0] == "demo" else \
+                ("--steps", FOREVER) if case[0] == "overhead" else ()
+        start = time.perf_counter()
+        r = run(*case, *extra, timeout=60)
+        elapsed = time.perf_counter() - start
+        assert_one_line_error(r, "cannot write")
+        print(f"{' '.join(case)}: refused in {elapsed:.2f} s: {r.stderr.strip()}")
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["a-file"], ["a-file", "locked"])
+
+
+def test_overhead_writes_no_file_unless_asked(tmp_path):
+    r = run("overhead", "--steps", "5", "--repeats", "1", "--widths", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "BLAS threads: 1" in r.stdout
+    assert list(tmp_path.iterdir()) == [], "overhead must not write ./results.md unasked"
+    r = run("overhead", "--steps", "5", "--repeats", "1", "--widths", "--json", "--out", "note.md", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    figures = json.loads(r.stdout)
+    assert figures["blas_threads"] == 1 and {"overhead", "overhead_every_step", "overhead_disabled"} <= set(figures)
+    assert [p.name for p in tmp_path.iterdir()] == ["note.md"]
+    assert "BLAS threads: 1" in (tmp_path / "note.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    r = run("demo", "--out", str(out), "--steps", "30", "--quiet", "--no-benchmark")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_demo_writes_a_complete_run_and_nothing_else(demo_run):
+    assert sorted(p.name for p in demo_run.iterdir()) == RUN_FILES   # no staging folder left behind
+    meta = json.loads((demo_run / "history.jsonl").read_text().splitlines()[0])
+    assert "title" in json.dumps(meta) and "30 steps" in json.dumps(meta)
+
+
+def test_dashboard_redraws_a_saved_run(demo_run, tmp_path):
+    r = run("dashboard", str(demo_run / "history.jsonl"), "--out", str(tmp_path / "again.png"))
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert (tmp_path / "again.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "no saved history"),
+    ("", "history.jsonl"),
+    ("not json\n", "line 1"),
+])
+def test_dashboard_refuses_a_bad_history_in_one_line(tmp_path, content, words):
+    history = tmp_path / "history.jsonl"
+    if content is not None:
+        history.write_text(content)
+    r = run("dashboard", str(history), "--out", str(tmp_path / "d.png"))
+    assert_one_line_error(r, words)
+    assert not (tmp_path / "d.png").exists()
+
+
+def test_dashboard_refuses_a_truncated_history(demo_run, tmp_path):
+    text = (demo_run / "history.jsonl").read_text()
+    (tmp_path / "cut.jsonl").write_text(text[: len(text) // 2])
+    assert_one_line_error(run("dashboard", str(tmp_path / "cut.jsonl"), "--out", str(tmp_path / "d.png")), "cut.jsonl")
+
+
+def _interrupt(args, after: float):
+    p = subprocess.Popen([SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err
+
+
+@pytest.mark.parametrize("phase,extra", [
+    ("training", ("--steps", FOREVER, "--no-benchmark")),
+    ("benchmark", ("--steps", "5", "--bench-steps", "5000", "--bench-repeats", "50")),
+])
+def test_ctrl_c_leaves_the_earlier_run_intact(demo_run, tmp_path, phase, extra):
+    out = tmp_path / "out"
+    shutil.copytree(demo_run, out)
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    code, stdout, stderr = _interrupt(["demo", "--out", str(out), "--quiet", *extra], after=4.0)
+    assert (code, stderr) == (130, "interrupted\n"), (phase, code, stderr)
+    assert sorted(p.name for p in out.iterdir()) == RUN_FILES, "no staging folder, no extra file"
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before, "never a mix of two runs"
+
+
+def test_ctrl_c_in_a_fresh_folder_leaves_no_files(tmp_path):
+    code, stdout, stderr = _interrupt(["demo", "--out", str(tmp_path / "new"), "--quiet", "--steps", FOREVER,
+                                       "--no-benchmark"], after=2.0)
+    assert (code, stderr) == (130, "interrupted\n")
+    assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_ctrl_c_in_train_is_one_line():
+    code, stdout, stderr = _interrupt(["train", "--steps", FOREVER, "--quiet"], after=2.0)
+    assert (code, stdout, stderr) == (130, "", "interrupted\n")
