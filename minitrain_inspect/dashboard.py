@@ -338,8 +338,8 @@ def nonfinite_lines(history: History) -> list[str]:
 # %% ../nbs/11_dashboard.ipynb #e50f1c87
 def summary_lines(history: History, max_events: int = 3) -> list[str]:
     "Headline numbers of the run, one line each, at most a screenful whatever the run."
-    steps = history.get("loss/train")[0]
-    lines = [f"last step recorded: {int(steps[-1]) if steps.size else 'none'}",
+    last = _last_step(history)
+    lines = [f"last step recorded: {last if last >= 0 else 'none'}",
              f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
              f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}" if history.get("loss/val")[0].size
              else "held-out loss: not recorded"]
