@@ -147,6 +147,13 @@ class Dropout(Module):
         mask, = self.saved_for_backward()
         return grad_output if mask is None else grad_output * mask
 
+    @property
+    def last_mask(self):
+        """Read-only: the mask of the most recent forward call (kept entries `1/(1-p)`, dropped ones 0), or None after
+        an eval-mode or `p = 0` call or before any call. For tools that replay the same draw elsewhere (`twin`, `trace`)."""
+        entries = self._saved.entries
+        return entries[-1][1][0] if entries else None
+
     def extra_repr(self):
         "The constructor arguments, for `repr`."
         return f"p={self.p}"
