@@ -84,6 +84,7 @@ class Optimizer:
                 raise TypeError(f"optimiser parameters must be Parameter objects, got {type(p).__name__}")
         self.lr = _positive("lr", lr)
         self.steps = 0
+        self.updates: dict | None = None  # an observer sets {} to receive each step's updates (see apply_update)
         self._step_pre_hooks: dict = {}
         self._step_post_hooks: dict = {}
 
@@ -104,6 +105,12 @@ class Optimizer:
         "Call `hook_fn(optimizer, args, kwargs)` after each `step` has updated every parameter."
         return HookHandle(self, hook_fn, "step_post")
 
+    def apply_update(self, param: Parameter, update: np.ndarray) -> None:
+        "`param.data -= update`, in place; while `self.updates` is a dict, also keep `update` there under `id(param)`."
+        param.data -= update
+        if self.updates is not None:
+            self.updates[id(param)] = update
+
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):
     "Stochastic gradient descent with optional momentum."
@@ -119,12 +126,12 @@ class SGD(Optimizer):
         self.steps += 1
         if self.velocity is None:
             for p in self.params:
-                p.data -= self.lr * p.grad
+                self.apply_update(p, self.lr * p.grad)
             return
         for p, v in zip(self.params, self.velocity):
             v *= self.momentum
             v += p.grad
-            p.data -= self.lr * v
+            self.apply_update(p, self.lr * v)
         ### END SOLUTION
 
 
@@ -155,5 +162,5 @@ class Adam(Optimizer):
             s += (1 - b2) * (g * g)
             denom = np.sqrt(s)
             denom += eps_hat
-            p.data -= step_size * (m / denom)
+            self.apply_update(p, step_size * (m / denom))
         ### END SOLUTION
