@@ -9,7 +9,7 @@ import hashlib
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generator, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -24,9 +24,9 @@ from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
 
 # %% auto #0
-__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits', 'predict',
-           'accuracy', 'TrainConfig', 'blas_threads', 'params_sha256', 'TrainResult', 'RunContext', 'training_steps',
-           'run_to_end', 'train']
+__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits',
+           'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'params_sha256', 'EarlyStop', 'TrainResult',
+           'RunControl', 'RunContext', 'training_steps', 'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #f6e8ecbe
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -141,6 +141,8 @@ class TrainConfig:
     eval_every: int = 250
     blas_threads: int = 1
     progress: bool = True
+    diagnose_every: int | None = None   # run a diagnosing observer's protocol every N steps (None: never)
+    early_stop: bool = False            # stop cleanly when an observer asks, or at a non-finite loss
 
     def __post_init__(self):
         self.steps = _integer("steps", self.steps, 0)
@@ -163,6 +165,11 @@ class TrainConfig:
         self.eval_every = _integer("eval_every", self.eval_every, 1)
         self.blas_threads = _integer("blas_threads", self.blas_threads, 1)
         self.progress = bool(self.progress)
+        if self.diagnose_every is not None:
+            self.diagnose_every = _integer("diagnose_every", self.diagnose_every, 1)
+        if not isinstance(self.early_stop, (bool, np.bool_)):
+            raise TypeError(f"early_stop must be True or False, got {self.early_stop!r}")
+        self.early_stop = bool(self.early_stop)
 
 # %% ../nbs/07_train.ipynb #90ce0e6c
 @contextmanager
@@ -183,8 +190,26 @@ def params_sha256(model: Module) -> str:
 
 
 @dataclass
+class EarlyStop:
+    """Whether a run stopped before its planned steps: `step` is the number of steps run (the first step not run),
+    with the verdict and reasons it stopped for, and `compute_saved` = {steps, share, seconds}."""
+    stopped: bool = False
+    step: int | None = None
+    verdict: str | None = None
+    reasons: list = field(default_factory=list)
+    compute_saved: dict = field(default_factory=lambda: {"steps": 0, "share": 0.0, "seconds": 0.0})
+
+    def to_dict(self) -> dict:
+        "A JSON-ready dict (`nan` seconds become `None`)."
+        saved = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.compute_saved.items()}
+        return {"stopped": self.stopped, "step": self.step, "verdict": self.verdict, "reasons": list(self.reasons),
+                "compute_saved": saved}
+
+
+@dataclass
 class TrainResult:
-    "What a run returns: the model, the loss history, final accuracies, the parameter digest and the inspector passed in."
+    """What a run returns: the model, the loss history, final accuracies, the parameter digest, the inspector passed
+    in, and `early_stop`: whether (and why) the run ended before its planned steps."""
     config: TrainConfig
     model: Module
     history: dict
@@ -192,18 +217,43 @@ class TrainResult:
     params_sha256: str
     seconds: float
     inspector: object = None
+    early_stop: EarlyStop = field(default_factory=EarlyStop)
+
+
+VERDICTS = ("trustworthy", "failing")
+
+
+class RunControl:
+    "What observers may tell the loop while it runs: their verdict on the run's health, and a request to stop cleanly."
+
+    def __init__(self):
+        self.verdict, self.reasons, self.stop_requested = None, [], False
+
+    def report(self, verdict: str, reasons: Iterable[str] = ()) -> None:
+        "Record the latest verdict on the run ('trustworthy' or 'failing') and the reasons for it."
+        if verdict not in VERDICTS:
+            raise ValueError(f"a verdict is one of {VERDICTS}, got {verdict!r}")
+        if isinstance(reasons, str):
+            raise TypeError("reasons must be a list of strings, not a single string")
+        self.verdict, self.reasons = verdict, [str(r) for r in reasons]
+
+    def request_stop(self, reasons: Iterable[str], verdict: str = "failing") -> None:
+        "Report `verdict` and `reasons`, and ask the loop to end the run at its next look (see above)."
+        self.report(verdict, reasons)
+        self.stop_requested = True
 
 
 class RunContext(NamedTuple):
-    "The parts of a run that observers receive in `begin_run`."
+    "The parts of a run that observers receive in `begin_run`; through `control` they can stop it."
     model: Module
     optimizer: Optimizer
     loss_fn: Module
     config: TrainConfig
     data: PastTenseData
+    control: RunControl | None = None
 
 
-OBSERVER_EVENTS = ("begin_run", "before_step", "end_run")
+OBSERVER_EVENTS = ("begin_run", "before_step", "after_step", "end_run")
 
 
 def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
@@ -215,7 +265,23 @@ def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
         optimizer = Adam(model.parameters(), lr=config.lr)
     else:
         optimizer = SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    return RunContext(model, optimizer, SoftmaxCrossEntropy(), config, data)
+    return RunContext(model, optimizer, SoftmaxCrossEntropy(), config, data, RunControl())
+
+
+def _check_diagnosis(config: TrainConfig, observers: list) -> None:
+    if config.diagnose_every is not None and not any(getattr(o, "diagnoses", False) is True for o in observers):
+        raise ValueError(f"TrainConfig(diagnose_every={config.diagnose_every}) needs an observer that runs the "
+                         "diagnosis: pass observers=[Diagnoser()] (from minitrain_inspect.diagnose import Diagnoser), "
+                         "or train with minitrain_inspect.diagnose.train(config)")
+
+
+def _early_stop(config: TrainConfig, control: RunControl, steps_run: int, seconds: float) -> EarlyStop:
+    if not control.stop_requested or steps_run >= config.steps:     # a stop asked for after the last step saves nothing
+        return EarlyStop(False, None, control.verdict, list(control.reasons))
+    left = config.steps - steps_run
+    per_step = seconds / steps_run if steps_run else math.nan
+    saved = {"steps": left, "share": left / config.steps if config.steps else 0.0, "seconds": left * per_step}
+    return EarlyStop(True, steps_run, control.verdict, list(control.reasons), saved)
 
 
 def _held_out_loss(run: RunContext) -> float:
@@ -243,15 +309,16 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
     """The training run as a generator: yields the number of each finished step; returns the `TrainResult`.
 
     `observers` are called at the points listed above; `inspector` is one more observer, returned in
-    `result.inspector`. The run's own work happens under `blas_threads(config.blas_threads)`; the caller's
-    BLAS setting is back in place at every `yield`."""
+    `result.inspector`. An observer may end the run early through `run.control` (see above). The run's own work
+    happens under `blas_threads(config.blas_threads)`; the caller's BLAS setting is back in place at every `yield`."""
     config = TrainConfig() if config is None else config
     observers = list(observers) + ([] if inspector is None else [inspector])
+    _check_diagnosis(config, observers)
     controller = ThreadpoolController()
     pinned = lambda: blas_threads(config.blas_threads, controller=controller)
     with pinned():
         run = _new_run(config, data)
-    model, optimizer, loss_fn, data = run.model, run.optimizer, run.loss_fn, run.data
+    model, optimizer, loss_fn, data, control = run.model, run.optimizer, run.loss_fn, run.data, run.control
     history = {"step": [], "loss": [], "val_step": [], "val_loss": []}
     batches = iterate_batches(data.train, config.batch_size, config.steps, seed=config.seed)
     bar = tqdm(batches, total=config.steps, disable=not config.progress, desc="training", unit="step",
@@ -266,17 +333,26 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
                     begin_run(run)
                 started.append(observer)
         before_step = [o.before_step for o in observers if callable(getattr(o, "before_step", None))]
+        after_step = [o.after_step for o in observers if callable(getattr(o, "after_step", None))]
         for step, batch in enumerate(bar):
             with pinned():
                 for call in before_step:
                     call(step, batch)
+                if control.stop_requested:
+                    break
                 ### BEGIN SOLUTION
                 model.zero_grad()
                 n = len(batch.inputs)
                 logits = model(batch.inputs).reshape(n, MAX_PAST_LEN, N_SYMBOLS)
                 loss = loss_fn(logits, batch.targets).loss
                 if not math.isfinite(loss):
-                    raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
+                    if not config.early_stop:
+                        raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
+                    for call in after_step:        # no update: it would write NaN into every weight
+                        call(step, loss)
+                    if not control.stop_requested:
+                        control.request_stop([f"non-finite training loss ({loss}) at step {step}"])
+                    break
                 model.backprop(loss_fn.backward().reshape(n, OUTPUT_FEATURES))
                 optimizer.step()
                 history["step"].append(step)
@@ -287,14 +363,20 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
                     history["val_step"].append(step)
                     history["val_loss"].append(val_loss)
                     bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
+                for call in after_step:
+                    call(step, loss)
             yield step
+            if control.stop_requested:
+                break
     finally:
         bar.close()
         with pinned():
             _end_run(started)
     seconds = time.perf_counter() - start
+    early_stop = _early_stop(config, control, len(history["step"]), seconds)
     with pinned():
-        return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector)
+        return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector,
+                           early_stop)
 
 
 def run_to_end(run: Generator[int, None, TrainResult]) -> TrainResult:
