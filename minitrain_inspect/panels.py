@@ -373,7 +373,8 @@ def _scalar_from_json(value):
     if value is None:
         return math.nan
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)   # a literal beyond float64 (1e999) parses as inf: saturate it, as `record` does
+        return value if not math.isinf(value) else math.copysign(FLOAT64_MAX, value)
     raise TypeError(f"a value must be a number, null or a flat list of those, got {value!r}")
 
 # %% ../nbs/09_panels.ipynb #40fad9a4
@@ -393,18 +394,33 @@ class SpectralNorm:
             v = np.random.default_rng(self.seed).standard_normal(W.shape[1]).astype(W.dtype)
             self._v = v / np.linalg.norm(v)
             iterations = self.warmup
-        v, sigma = self._v, 0.0
+        sigma, v = self._iterate(W, self._v, iterations)
+        if not math.isfinite(sigma) and all_finite(W):
+            # Finite weights whose products overflow float32 (sigma above about 1.8e19): iterate on W / 2**k in
+            # float64, which is exact scaling, and scale the answer back. A huge norm is a number, never a gap.
+            k = math.frexp(float(np.abs(W).max()))[1]
+            sigma, v = self._iterate(np.ldexp(W.astype(np.float64), -k), self._v.astype(np.float64), iterations)
+            sigma = min(math.ldexp(sigma, k), FLOAT64_MAX)
+        if v is not None:
+            self._v = v.astype(W.dtype)
+        return sigma
+
+    @staticmethod
+    def _iterate(W: np.ndarray, v: np.ndarray, iterations: int) -> tuple[float, np.ndarray | None]:
+        "`iterations` rounds of power iteration from the unit vector `v`: (sigma, new v); (nan, None) on overflow."
+        sigma = 0.0
         for _ in range(iterations):
             u = W @ v
             u_norm = math.sqrt(float(np.dot(u, u)))
             if u_norm == 0.0 or not math.isfinite(u_norm):
-                return u_norm if math.isfinite(u_norm) else math.nan
+                return (u_norm, None) if math.isfinite(u_norm) else (math.nan, None)
             u /= u_norm
             v = W.T @ u
             sigma = math.sqrt(float(np.dot(v, v)))
+            if sigma == 0.0 or not math.isfinite(sigma):
+                return (sigma, None) if math.isfinite(sigma) else (math.nan, None)
             v /= sigma
-        self._v = v
-        return sigma
+        return sigma, v
 
 # %% ../nbs/09_panels.ipynb #c4cc4419
 SATURATION = 0.97  # |tanh| above this is saturated: local gradient 1 - a^2 < 0.06

@@ -336,3 +336,13 @@ def test_saved_file_is_strict_json_lines(saved):
     _, _, lines = saved
     for line in lines:
         json.loads(line, parse_constant=lambda token: pytest.fail(f"non-strict token {token}"))
+
+
+def test_a_literal_beyond_float64_loads_saturated_not_as_inf(tmp_path):
+    "Regression: 1e999 in a hand-edited file parsed as inf, which a re-save would have turned into a gap."
+    h = History()
+    h.record("loss/train", 0, 1.0)
+    path = h.save_jsonl(tmp_path / "h.jsonl")
+    path.write_text(path.read_text().replace("1.0", "1e999"))
+    loaded = History.load_jsonl(path)
+    assert loaded.get("loss/train")[1][0] == FLOAT64_MAX

@@ -462,3 +462,11 @@ def test_unwritable_folder(tmp_path):
             atomic_write_text(locked / "f.txt", "x")
     finally:
         locked.chmod(0o700)
+
+
+def test_spectral_norm_of_huge_float32_weights_is_a_number():
+    "Regression: sigma above about 1.8e19 overflowed float32 and came back as NaN (a gap in the panel)."
+    from minitrain_inspect.panels import SpectralNorm
+    W = (np.random.default_rng(0).standard_normal((20, 10)) * 1e20).astype(np.float32)
+    sigma = SpectralNorm(warmup=200).estimate(W)
+    assert sigma == pytest.approx(np.linalg.norm(W.astype(np.float64), 2), rel=1e-4)
