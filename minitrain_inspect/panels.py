@@ -394,7 +394,8 @@ class SpectralNorm:
             v = np.random.default_rng(self.seed).standard_normal(W.shape[1]).astype(W.dtype)
             self._v = v / np.linalg.norm(v)
             iterations = self.warmup
-        sigma, v = self._iterate(W, self._v, iterations)
+        with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below, and handled
+            sigma, v = self._iterate(W, self._v, iterations)
         if not math.isfinite(sigma) and all_finite(W):
             # Finite weights whose products overflow float32 (sigma above about 1.8e19): iterate on W / 2**k in
             # float64, which is exact scaling, and scale the answer back. A huge norm is a number, never a gap.
