@@ -13,24 +13,30 @@ import numpy as np
 from .data import IRREGULAR_VERBS, REGULAR_VERBS, Lexicon, load_lexicon
 
 # %% auto #0
-__all__ = ['mean_by_class', 'partition_batch_loss']
+__all__ = ['mean_by_class', 'class_masks', 'partition_batch_loss']
 
 # %% ../nbs/06_per_class_loss.ipynb #2d141a68
+def _check_labels(verb_labels) -> list[str]:
+    "`verb_labels` as a list of str; TypeError for a single string or a label that is not a string."
+    if isinstance(verb_labels, (str, bytes)):
+        raise TypeError("verb_labels must be a sequence of lemmas, not a single string")
+    # .tolist() turns a NumPy array of str into Python strs in one call.
+    labels = verb_labels.tolist() if isinstance(verb_labels, np.ndarray) else list(verb_labels)
+    bad = [label for label in labels if not isinstance(label, str)]
+    if bad:
+        raise TypeError(f"verb labels must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return labels
+
+
 def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray, list[str]]:
     loss = np.asarray(per_example_loss)
     if loss.dtype.kind not in "fiu":
         raise TypeError(f"per_example_loss must hold numbers, got dtype {loss.dtype}")
     if loss.ndim != 1:
         raise ValueError(f"per_example_loss must be 1-D (one loss per example), got shape {loss.shape}")
-    if isinstance(verb_labels, (str, bytes)):
-        raise TypeError("verb_labels must be a sequence of lemmas, not a single string")
-    # .tolist() turns a NumPy array of str into Python strs in one call.
-    labels = verb_labels.tolist() if isinstance(verb_labels, np.ndarray) else list(verb_labels)
+    labels = _check_labels(verb_labels)
     if len(labels) != loss.shape[0]:
         raise ValueError(f"got {loss.shape[0]} losses but {len(labels)} verb labels")
-    bad = [label for label in labels if not isinstance(label, str)]
-    if bad:
-        raise TypeError(f"verb labels must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
     # A finite sum proves every loss is finite; only a non-finite sum (NaN, inf, or overflow) needs the mask.
     with np.errstate(over="ignore"):
         total = float(loss.sum(dtype=np.float64)) if loss.size else 0.0
@@ -63,13 +69,13 @@ def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: 
     return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
 
 
-def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str], *, by: str = "lab",
-                         lexicon: Lexicon | None = None) -> tuple[float, float]:
-    """Return `(mean_loss_regular, mean_loss_irregular)` as Python floats; `nan` for a class absent from the batch.
+def class_masks(verb_labels: Sequence[str], *, by: str = "lab",
+                lexicon: Lexicon | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks `(regular, irregular)` of the examples, from their lemmas.
 
-    `by="lab"` uses `REGULAR_VERBS` and `IRREGULAR_VERBS` and leaves other verbs out; `by="lexicon"` uses the
+    `by="lab"` uses `REGULAR_VERBS` and `IRREGULAR_VERBS` and leaves other verbs out of both; `by="lexicon"` uses the
     lexicon's labels (every verb counts, an unknown verb raises `ValueError`)."""
-    loss, labels = _check_losses_and_labels(per_example_loss, verb_labels)
+    labels = _check_labels(verb_labels)
     ### BEGIN SOLUTION
     if by == "lab":
         regular = np.fromiter((label in REGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
@@ -84,5 +90,13 @@ def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str
         irregular = ~regular
     else:
         raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")
-    return mean_by_class(loss, regular, irregular)
+    return regular, irregular
     ### END SOLUTION
+
+
+def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str], *, by: str = "lab",
+                         lexicon: Lexicon | None = None) -> tuple[float, float]:
+    """Return `(mean_loss_regular, mean_loss_irregular)` as Python floats; `nan` for a class absent from the batch
+    (classes as `class_masks` draws them)."""
+    loss, labels = _check_losses_and_labels(per_example_loss, verb_labels)
+    return mean_by_class(loss, *class_masks(labels, by=by, lexicon=lexicon))
