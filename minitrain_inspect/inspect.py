@@ -17,7 +17,7 @@ from .layers import ReLU, Tanh
 from .optim import Optimizer
 from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
                                       unit_health)
-from .per_class_loss import mean_by_class, partition_batch_loss
+from .per_class_loss import class_masks
 from .stats import check_int, new_state, summarize, tensor_moments, welford_update
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
@@ -58,18 +58,19 @@ class Panel:
         self.active = False
         self.cost = 0.0          # seconds spent measuring
         self.measured = 0        # steps at which it measured
-        self._hits = 0           # due steps of the schedule seen so far
+        self._skipped = None     # due steps skipped since the last measurement (None: nothing measured yet)
 
     def open(self, step: int) -> bool:
         "Decide (once per step) whether this panel measures at `step`; the answer stays in `self.active`."
         ### BEGIN SOLUTION
         if not self.schedule.due(step):
             self.active = False
-        else:
-            self.active = self._hits % self.stride == 0
-            self._hits += 1
-        if self.active:
+        elif self._skipped is None or self._skipped + 1 >= self.stride:
+            self.active, self._skipped = True, 0
             self.measured += 1
+        else:
+            self.active = False
+            self._skipped += 1
         return self.active
         ### END SOLUTION
 
@@ -80,7 +81,7 @@ class Panel:
 
     def reset(self) -> None:
         "Forget what was measured and how it was thinned."
-        self.stride, self.active, self.cost, self.measured, self._hits = 1, False, 0.0, 0, 0
+        self.stride, self.active, self.cost, self.measured, self._skipped = 1, False, 0.0, 0, None
 
     def __repr__(self):
         return f"{type(self).__name__}({self.spec()})"
@@ -95,25 +96,27 @@ class TensorPanel(Panel):
 
     name = "tensors"
     FIELDS = {"mean": lambda tm: tm.mean if tm.n else math.nan, "std": lambda tm: tm.std, "absmax": _absmax,
-              "l2": lambda tm: tm.l2, "nonfinite": lambda tm: tm.nonfinite}
+              "l2": lambda tm: tm.l2}
 
-    def __init__(self, schedule, stats: dict, fields=("mean", "std", "absmax", "nonfinite"),
+    def __init__(self, schedule, stats: dict, fields=("mean", "std", "absmax"), fast: bool = True,
                  clock: Callable[[], float] = time.perf_counter):
         super().__init__(schedule, clock)
         unknown = set(fields) - set(self.FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; a TensorPanel records {sorted(self.FIELDS)}")
-        self.stats, self.fields = stats, tuple(fields)
+        self.stats, self.fields, self.fast = stats, tuple(fields), bool(fast)
 
     def measure(self, history: History, prefix: str, name: str, step: int, x: np.ndarray,
                 stat: str | None = None) -> None:
         "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field` at `step`."
         start = self.clock()
         ### BEGIN SOLUTION
-        tm = welford_update(self.stats[name if stat is None else stat], x)
+        tm = welford_update(self.stats[name if stat is None else stat], x, fast=self.fast)
         for field in self.fields:
             history.record(f"{prefix}/{name}/{field}", step, self.FIELDS[field](tm))
         ### END SOLUTION
+        if tm.nonfinite:        # recorded only when there are any: a clean run carries no series of zeros
+            history.record(f"{prefix}/{name}/nonfinite", step, tm.nonfinite)
         self.cost += self.clock() - start
 
 # %% ../nbs/10_inspect.ipynb #04205c50
@@ -156,19 +159,33 @@ class UnitPanel(Panel):
 
 # %% ../nbs/10_inspect.ipynb #e8fb21da
 class LossPanel(Panel):
-    "The loss of each training step (`loss/train`) and of evaluations (`loss/val`)."
+    "The loss of each training step (`loss/train`) and of evaluations (`loss/val`): the mean of the step's calls."
 
     name = "loss"
 
+    def __init__(self, schedule, clock: Callable[[], float] = time.perf_counter):
+        super().__init__(schedule, clock)
+        self._running = (None, 0.0, 0)      # (key and step, sum, calls) of the step being measured
+
     def measure(self, history: History, step: int, loss: float, training: bool = True) -> None:
-        "Record `loss` at `step`, as training or held-out loss."
+        "Add `loss` to the mean recorded at `step` (several calls in one step: gradient accumulation)."
         start = self.clock()
-        history.record("loss/train" if training else "loss/val", step, float(loss))
+        key = "loss/train" if training else "loss/val"
+        where, total, calls = self._running
+        if where != (key, step):
+            total, calls = 0.0, 0
+        total, calls = total + float(loss), calls + 1
+        self._running = ((key, step), total, calls)
+        history.record(key, step, total / calls)
         self.cost += self.clock() - start
+
+    def reset(self) -> None:
+        super().reset()
+        self._running = (None, 0.0, 0)
 
 
 class PerClassPanel(Panel):
-    "Mean loss of the regular and of the irregular verbs in the batch (an absent class is skipped, never 0)."
+    "Mean loss of the regular and of the irregular verbs in a step's batches (an absent class is skipped, never 0)."
 
     name = "per_class"
 
@@ -177,18 +194,30 @@ class PerClassPanel(Panel):
         if by not in ("lab", "lexicon"):
             raise ValueError(f"per_class_by must be 'lab' or 'lexicon', got {by!r}")
         self.by = by
+        self._running: tuple = (None, {})   # (step, {class: (sum, count)})
 
-    def measure(self, history: History, step: int, per_example_loss: np.ndarray, labels) -> None:
-        "Record the two class means at `step`; `labels` is a boolean mask of regular verbs or a list of lemmas."
+    def measure(self, history: History, step: int, per_example_loss: np.ndarray, masks) -> None:
+        "Record each class's mean loss at `step`; `masks` is `(regular, irregular)`, boolean, one entry per example."
         start = self.clock()
-        if isinstance(labels, np.ndarray) and labels.dtype == bool:
-            regular, irregular = mean_by_class(per_example_loss, labels, ~labels)
-        else:
-            regular, irregular = partition_batch_loss(per_example_loss, labels, by=self.by)
-        for cls, value in (("regular", regular), ("irregular", irregular)):
-            if not math.isnan(value):
-                history.record(f"per_class/{cls}", step, value)
+        loss = np.asarray(per_example_loss, dtype=np.float64).reshape(-1)
+        if len(masks[0]) != loss.size:
+            raise ValueError(f"the batch was labelled with {len(masks[0])} labels but the loss has {loss.size} "
+                             "examples")
+        running_step, sums = self._running
+        if running_step != step:
+            sums = {}
+        for cls, mask in zip(("regular", "irregular"), masks):
+            count = int(np.count_nonzero(mask))
+            if count:              # NaN and inf are summed as they are: a diverging loss shows, it does not raise
+                total, seen = sums.get(cls, (0.0, 0))
+                sums[cls] = (total + float(loss[mask].sum()), seen + count)
+                history.record(f"per_class/{cls}", step, sums[cls][0] / sums[cls][1])
+        self._running = (step, sums)
         self.cost += self.clock() - start
+
+    def reset(self) -> None:
+        super().reset()
+        self._running = (None, {})
 
 # %% ../nbs/10_inspect.ipynb #9fc46f89
 def _norm(x: np.ndarray) -> float:
@@ -199,38 +228,50 @@ def _norm(x: np.ndarray) -> float:
 
 
 class UpdatePanel(Panel):
-    "‖w_after − w_before‖ / ‖w_before‖ for every parameter, across one optimiser step."
+    "‖Δw‖ / ‖w‖ for every parameter, across one optimiser step."
 
     name = "updates"
 
     def __init__(self, schedule, clock: Callable[[], float] = time.perf_counter):
         super().__init__(schedule, clock)
-        self._before: dict[str, np.ndarray] = {}
-        self._norms: dict[str, float] = {}
+        self._before: dict[str, np.ndarray] = {}   # copies of the weights (for optimisers that do not report)
+        self._norms: dict[str, float] = {}         # ‖w‖ before the step
+        self.reported: bool | None = None          # does the optimiser report its updates? (learnt at the first step)
 
-    def before(self, params) -> None:
-        "Keep a copy and the norm of every `(name, Parameter)` (called just before the optimiser step)."
+    def before(self, params, optimizer=None) -> None:
+        "Just before the optimiser step: the norm of every `(name, Parameter)`, and what `after` needs to see Δw."
         start = self.clock()
+        if optimizer is not None and self.reported is not False:
+            optimizer.updates = {}                 # ask the optimiser for its update arrays (see `03_optim`)
         for name, p in params:
-            buffer = self._before.get(name)
-            if buffer is None or buffer.shape != p.data.shape or buffer.dtype != p.data.dtype:
-                buffer = self._before[name] = np.empty_like(p.data)
-            np.copyto(buffer, p.data)
             self._norms[name] = _norm(p.data)
+            if self.reported is not True:          # copy the weights, in buffers allocated once
+                buffer = self._before.get(name)
+                if buffer is None or buffer.shape != p.data.shape or buffer.dtype != p.data.dtype:
+                    buffer = self._before[name] = np.empty_like(p.data)
+                np.copyto(buffer, p.data)
         self.cost += self.clock() - start
 
-    def after(self, history: History, step: int, params) -> None:
-        "Record each parameter's update ratio at `step` (called just after the optimiser step)."
+    def after(self, history: History, step: int, params, optimizer=None) -> None:
+        "Just after the optimiser step: record each parameter's update ratio at `step`."
         if not self._norms:
             return
         start = self.clock()
+        updates = getattr(optimizer, "updates", None) or {}
+        if optimizer is not None:
+            optimizer.updates = None
+        if self.reported is None:   # the first measurement: does the optimiser report every parameter's update?
+            self.reported = optimizer is not None and all(id(p) in updates for _, p in params)
         for name, p in params:
             ### BEGIN SOLUTION
-            before = self._before[name]
-            np.subtract(p.data, before, out=before)      # the buffer now holds the update
+            if self.reported:
+                delta = _norm(updates[id(p)])
+            else:
+                before = self._before[name]
+                np.subtract(p.data, before, out=before)  # the buffer now holds the update
+                delta = _norm(before)
             w_norm = self._norms[name]
-            ratio = _norm(before) / w_norm if w_norm > 0 else math.nan
-            history.record(f"updates/{name}/ratio", step, ratio)
+            history.record(f"updates/{name}/ratio", step, delta / w_norm if w_norm > 0 else math.nan)
             ### END SOLUTION
         self._norms = {}
         self.cost += self.clock() - start
@@ -239,6 +280,7 @@ class UpdatePanel(Panel):
         super().reset()
         self._before.clear()
         self._norms = {}
+        self.reported = None
 
 
 class SpectralPanel(Panel):
@@ -288,9 +330,19 @@ class BudgetGuard:
         self._costs_at_start: dict[str, float] = {}
         self._measured_at_start: dict[str, int] = {}
         self._per_run: dict[str, float] = {}      # seconds per measurement, per panel (latest window that measured)
+        self._note_at: dict[str, str] = {}         # kind of note -> its text in `notes`
+        self._reviews = 0
+        self._stretched_at: dict[str, int] = {}    # panel -> the review that last thinned it
+        self._relaxed_at: dict[str, int] = {}      # panel -> the review that last relaxed it
+        self._no_relax: set[str] = set()           # panels that were thinned again right after a relax
 
-    def _note(self, text: str) -> None:
-        if text not in self.notes:
+    def _note(self, kind: str, text: str | None) -> None:
+        "One note per kind of problem, kept up to date (the latest figures), never repeated; `None` withdraws it."
+        old = self._note_at.pop(kind, None)
+        if old is not None and old in self.notes:
+            self.notes.remove(old)
+        if text is not None:
+            self._note_at[kind] = text
             self.notes.append(text)
 
     def end_step(self, step: int, panels: dict[str, Panel]) -> None:
@@ -308,6 +360,7 @@ class BudgetGuard:
 
     def review(self, step: int, panels: dict[str, Panel]) -> None:
         "Project each panel's cost per step and adjust the strides; start a new window."
+        self._reviews += 1
         spent = {p: panels[p].cost - self._costs_at_start.get(p, 0.0) for p in panels}
         for p in panels:
             runs = panels[p].measured - self._measured_at_start.get(p, 0)
@@ -315,33 +368,40 @@ class BudgetGuard:
                 self._per_run[p] = spent[p] / runs
         # The median step: a pause between steps (an evaluation, other work interleaved with this run) is not training.
         training = max(float(np.median(self._training)), 1e-12)
-        steps = len(self._training)
+        overhead = sum(spent.values()) / (training * len(self._training))
         projected = {p: self._per_run.get(p, 0.0) * _due_rate(panels[p], step, self.window) for p in panels}
-        overhead = sum(spent.values()) / (training * steps)
         target = 0.8 * self.budget * training
+        # Never thinner than the run so far, in powers of two (so a growing run changes the cap only now and then).
+        cap = min(self.max_stride, 1 << (max(step + 1, self.window).bit_length() - 1))
         fixed = sum(v for p, v in projected.items() if p not in REDUCIBLE_PANELS)
-        if fixed > target:
-            self._note(f"budget {self.budget:.0%} cannot be met: the loss and per-class panels alone cost "
-                       f"{fixed / training:.1%} of a step")
+        self._note("fixed", None if fixed <= target else
+                   f"budget {self.budget:.3g} cannot be met: the loss and per-class panels alone cost "
+                   f"{fixed / training:.1%} of a step (they are never thinned)")
         reducible = [p for p in REDUCIBLE_PANELS if p in panels and projected[p] > 0]
+        cost_at = lambda factor: fixed + sum(projected[p] / min(factor, cap / panels[p].stride) for p in reducible)
         ### BEGIN SOLUTION
-        if fixed + sum(projected[p] for p in reducible) > target:
+        if cost_at(1) > target:
             # One common factor for every reducible panel: the smallest power of two that fits the target.
             factor = 2
-            while factor < self.max_stride and fixed + sum(
-                    projected[p] / min(factor, self.max_stride / panels[p].stride) for p in reducible) > target:
+            while factor < cap and cost_at(factor) > target:
                 factor *= 2
-            stretched = [p for p in reducible if panels[p].stride < self.max_stride]
-            for p in stretched:
-                self._set_stride(step, panels[p], min(panels[p].stride * factor, self.max_stride), overhead)
-            after = fixed + sum(projected[p] / min(factor, self.max_stride / panels[p].stride) for p in reducible)
-            if after > target and fixed <= target:
-                self._note(f"budget {self.budget:.0%} cannot be met: every reducible panel is at its limit "
-                           f"(1 measurement in {self.max_stride} due steps)")
-        elif fixed + 2 * sum(projected[p] for p in reducible) < target / 1.2:
-            for p in REDUCIBLE_PANELS:       # headroom: give the thinned panels their data back, halving strides
-                if p in panels and panels[p].stride > 1:
-                    self._set_stride(step, panels[p], panels[p].stride // 2, overhead)
+            for p in reducible:
+                if panels[p].stride < cap:
+                    if self._reviews - self._relaxed_at.get(p, -10) <= 2:
+                        self._no_relax.add(p)           # stretched right after a relax: stop relaxing it
+                    self._set_stride(step, panels[p], min(panels[p].stride * factor, cap), overhead)
+                    self._stretched_at[p] = self._reviews
+            self._note("limit", None if cost_at(factor) <= target or fixed > target else
+                       f"budget {self.budget:.3g} cannot be met yet: every reducible panel is thinned "
+                       f"to 1 measurement in {cap} due steps")
+        else:
+            self._note("limit", None)
+            if fixed + 2 * sum(projected[p] for p in reducible) < target / 1.2:
+                for p in REDUCIBLE_PANELS:   # headroom: give the thinned panels their data back, halving strides
+                    if (p in panels and panels[p].stride > 1 and p not in self._no_relax
+                            and self._reviews - self._stretched_at.get(p, -10) > 2):
+                        self._set_stride(step, panels[p], panels[p].stride // 2, overhead)
+                        self._relaxed_at[p] = self._reviews
         ### END SOLUTION
         self._training = []
         self._costs_at_start = {p: panel.cost for p, panel in panels.items()}
@@ -387,7 +447,7 @@ class Inspector:
     def __init__(self, model: Module | None = None, params=None, *, optimizer: Optimizer | None = None,
                  loss_fn: Module | None = None, schedules: dict | None = None, enabled: bool = True, budget: float | None = None,
                  max_points: int = 512, histogram_bins: int = 40, per_class_by: str = "lexicon",
-                 budget_window: int = 20, clock: Callable[[], float] = time.perf_counter):
+                 budget_window: int = 20, exact: bool = False, clock: Callable[[], float] = time.perf_counter):
         if model is not None and not isinstance(model, Module):
             raise TypeError(f"model must be a Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, Optimizer):
@@ -396,8 +456,14 @@ class Inspector:
             raise TypeError(f"loss_fn must be a Module, got {type(loss_fn).__name__}")
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {type(clock).__name__}")
+        for label, flag in (("enabled", enabled), ("exact", exact)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{label} must be True or False, got {flag!r}")
+        if schedules is not None and not isinstance(schedules, dict):
+            raise TypeError(f"schedules must be a dict {{panel: schedule}}, got {schedules!r}")
         self.model, self.optimizer, self.loss_fn, self.clock = model, optimizer, loss_fn, clock
         self.params = _named_params(model, params)
+        self._params_given = params is not None
         self._budget_args = (budget, check_int(budget_window, "budget_window", 1))
         BudgetGuard(budget, budget_window) if budget is not None else None   # validate now, build per run
         self.history = History(check_int(max_points, "max_points", 2))
@@ -406,10 +472,15 @@ class Inspector:
         self.handles: list[HookHandle] = []
         self._live: dict[str, HookHandle] = {}
         self._enabled = bool(enabled)
-        self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1), per_class_by)
+        self.exact = bool(exact)
+        self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
         self._attached_by_run = False
-        self._labels = None
+        self._labels = None            # (regular, irregular) masks for the next training batch's loss
+        self._labelled_step = None     # the last step that was given labels
         self._step_ender = None        # without an optimiser: the parameter whose gradient hook ends a step
+        self._optimizer_hooked = False # gradients are then measured once per step, just before the update
+        self._grad_params: dict[str, Parameter] = {}    # name -> parameter, registered for gradients
+        self._update_params: list[tuple[str, Parameter]] = []   # the parameters the optimiser updates
         self.max_stride = 2**20
         self.reset()
 
@@ -422,8 +493,8 @@ class Inspector:
         c = self.clock
         self.panels: dict[str, Panel] = {
             "loss": LossPanel(specs["loss"], c),
-            "activations": TensorPanel(specs["activations"], self.stats, clock=c),
-            "gradients": TensorPanel(specs["gradients"], self.stats, fields=("l2", "nonfinite"), clock=c),
+            "activations": TensorPanel(specs["activations"], self.stats, fast=not self.exact, clock=c),
+            "gradients": TensorPanel(specs["gradients"], self.stats, fields=("l2",), fast=not self.exact, clock=c),
             "updates": UpdatePanel(specs["updates"], c),
             "spectral": SpectralPanel(specs["spectral"], c),
             "units": UnitPanel(specs["units"], bins, c),
@@ -440,6 +511,8 @@ class Inspector:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"enabled must be True or False, got {value!r}")
         self._enabled = bool(value)
         self._set_flags()
 
@@ -457,6 +530,11 @@ class Inspector:
     def throttled(self) -> list[dict]:
         "The budget guard's adjustments: step, panel, from, to, measured overhead."
         return self.history.meta["throttled"]
+
+    def note(self, text: str) -> None:
+        "Add `text` to the history's notes (shown on the dashboard), once."
+        if text not in self.history.meta["notes"]:
+            self.history.meta["notes"].append(text)
 
 # %% ../nbs/10_inspect.ipynb #aa2b4c6f
 @dataclasses.dataclass
@@ -493,7 +571,7 @@ def __end_step(self: Inspector) -> None:
     if self._enabled:
         updates = self.panels["updates"]
         if updates.active:
-            updates.after(history, step, self.params)
+            updates.after(history, step, self._update_params, self.optimizer)
         if self.panels["spectral"].active:
             self.panels["spectral"].measure(history, step, self.params)
     if self.guard is not None and self._enabled:
@@ -537,6 +615,8 @@ def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
     def forward_hook(mod, args, kwargs, output):
         flags = self._flags
         if flags.act and mod.training:
+            if not isinstance(output, np.ndarray):     # a loss module's LossOutput, say: nothing to measure
+                return self.note(f"{name}: its output is a {type(output).__name__}, not an array; not measured")
             if activations.active:
                 activations.measure(history, "activations", name, self.step, output)
             if kind is not None and flags.units:
@@ -563,13 +643,14 @@ def _register_backward(self: Inspector, name: str, param: Parameter) -> HookHand
     gradients, history = self.panels["gradients"], self.history
 
     def param_hook(p, grad):
-        if self._flags.grad:
+        if self._flags.grad and not self._optimizer_hooked:   # with an optimiser: measured just before its step
             gradients.measure(history, "gradients", name, self.step, grad)
         if p is self._step_ender and _model_training(self):   # no optimiser: the last gradient ends the step
             self._end_step()
 
     handle = _keep(self, name, "gradient", param.register_hook(param_hook))
     ### END SOLUTION
+    self._grad_params[name] = param
     if name not in history.meta["params"]:
         history.meta["params"].append(name)
     return handle
@@ -584,7 +665,7 @@ def _register_grad_output(self: Inspector, name: str, module: Module) -> HookHan
     gradients, history = self.panels["gradients"], self.history
 
     def grad_output_hook(mod, grad_output):
-        if self._flags.grad:
+        if self._flags.grad and isinstance(grad_output, np.ndarray):
             gradients.measure(history, "act_grads", name, self.step, grad_output, stat=key)
 
     return _keep(self, key, "grad_output", module.register_backward_hook(grad_output_hook))
@@ -614,35 +695,42 @@ def _register_loss(self: Inspector, loss_fn: Module) -> HookHandle:
         if flags.loss:
             loss_panel.measure(history, self.step, loss, training=True)
         if flags.per_class and per_example is not None:
-            if labels is None:
-                note = "per-class loss: no verb labels were given (call inspector.label_batch before the forward)"
-                if note not in history.meta["notes"]:
-                    history.meta["notes"].append(note)
-            else:
-                if len(labels) != len(per_example):
-                    raise ValueError(f"label_batch got {len(labels)} labels but the loss has "
-                                     f"{len(per_example)} examples")
+            if labels is not None:
                 per_class.measure(history, self.step, per_example, labels)
+            elif self._labelled_step != self.step:   # (a second loss call in a labelled step is not "unlabelled")
+                self.note("per-class loss: no verb labels were given (call inspector.label_batch before the forward)")
 
     return self._keep_extra(loss_fn.register_forward_hook(loss_hook))
 
 
 @_method_of(Inspector)
 def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandle]:
-    "Hook the optimiser's step: weights before it (panel 4), then the end of the Inspector's step."
+    """Hook the optimiser's step: just before it, the step's final gradients (panel 3) and the weights' norms
+    (panel 4); just after it, the update ratios and the end of the Inspector's step."""
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"register_optimizer needs an Optimizer, got {type(optimizer).__name__}")
-    updates = self.panels["updates"]
+    updates, gradients, history = self.panels["updates"], self.panels["gradients"], self.history
+    updated = {id(p) for p in optimizer.params}
+    self._update_params = [(n, p) for n, p in self.params if id(p) in updated]
+    frozen = [n for n, p in self.params if id(p) not in updated]
+    if frozen:
+        self.note(f"updates: {', '.join(frozen)} not updated by the optimiser: no update ratio")
 
     def pre_hook(opt, args, kwargs):
+        if self._flags.grad:     # gradients are complete now, also when several backward passes accumulated them
+            for name, param in self._grad_params.items():
+                if self._live[name].active:
+                    gradients.measure(history, "gradients", name, self.step, param.grad)
         if updates.active and self._enabled:
-            updates.before(self.params)
+            updates.before(self._update_params, opt)
 
     def post_hook(opt, args, kwargs):
         self._end_step()
 
-    return [self._keep_extra(optimizer.register_step_pre_hook(pre_hook)),
-            self._keep_extra(optimizer.register_step_post_hook(post_hook))]
+    handles = [self._keep_extra(optimizer.register_step_pre_hook(pre_hook)),
+               self._keep_extra(optimizer.register_step_post_hook(post_hook))]
+    self._optimizer_hooked = True
+    return handles
 
 
 @_method_of(Inspector)
@@ -659,12 +747,22 @@ def _attach(self: Inspector, model: Module | None = None) -> Inspector:
         raise ValueError("attach needs a model: Inspector(model).attach() or inspector.attach(model)")
     if not isinstance(model, Module):
         raise TypeError(f"attach needs a Module, got {type(model).__name__}")
-    saved = (self.model, self.params, len(self.handles), dict(self.kinds), set(self.stats),
+    if self.model is not None and model is not self.model and self.handles:
+        raise ValueError("this Inspector is attached to another model; call remove_all() first")
+    if self._params_given and not {id(p) for _, p in self.params} <= {id(p) for p in model.parameters()}:
+        raise ValueError("the parameters this Inspector was given are not parameters of the model to attach to")
+    if self.optimizer is not None and not {id(p) for p in self.optimizer.params} <= {id(p) for p in model.parameters()}:
+        raise ValueError("the optimizer updates parameters that are not the model's: give the Inspector the "
+                         "model's own optimizer")
+    if self.model is not None and model is not self.model and (self.stats or self.history.series):
+        self._forget()          # a new model: its statistics must never mix with the last one's
+    saved = (self.model, self.params, len(self.handles), dict(self.kinds), set(self.stats), dict(self._grad_params),
              {k: list(v) if isinstance(v, list) else dict(v) for k, v in self.history.meta.items()
-              if k in ("layers", "params", "module_types", "histogram")})
+              if k in ("layers", "params", "module_types", "histogram", "notes")})
     try:
-        if model is not self.model or not self.params:
-            self.model, self.params = model, _named_params(model, None)
+        if not self._params_given:
+            self.params = _named_params(model, None)
+        self.model = model
         for name, module in model.named_modules():
             if module.is_leaf():
                 label = name or type(module).__name__
@@ -679,8 +777,13 @@ def _attach(self: Inspector, model: Module | None = None) -> Inspector:
         elif self.params:     # the parameter whose hook `backprop` fires last ends each step
             order = {id(p): i for i, p in enumerate(model.parameters())}
             self._step_ender = max((p for _, p in self.params), key=lambda p: order.get(id(p), -1))
+            self.note("no optimizer given: a step ends when the last parameter's gradient is complete, "
+                      "and the update panel is off")
+        else:
+            self.note("no optimizer and no parameters: nothing ends a step, so every point is recorded at step 0")
     except BaseException:
         self.model, self.params, self._step_ender = saved[0], saved[1], None
+        self._optimizer_hooked, self._grad_params = False, saved[5]
         for handle in self.handles[saved[2]:]:
             handle.remove()
         del self.handles[saved[2]:]
@@ -688,9 +791,23 @@ def _attach(self: Inspector, model: Module | None = None) -> Inspector:
         self.kinds = saved[3]
         for name in set(self.stats) - saved[4]:
             del self.stats[name]
-        self.history.meta.update(saved[5])
+        self.history.meta.update(saved[6])
         raise
     return self
+
+
+@_method_of(Inspector)
+def __forget(self: Inspector) -> None:
+    "Forget the names, kinds and statistics of the model watched so far (before watching another)."
+    self.stats.clear()
+    self.kinds.clear()
+    self._grad_params.clear()
+    self._update_params = []
+    for key in ("module_types", "histogram"):
+        self.history.meta[key] = {}
+    for key in ("layers", "params"):
+        self.history.meta[key] = []
+    self.reset()
 
 
 @_method_of(Inspector)
@@ -701,6 +818,7 @@ def _remove_all(self: Inspector) -> None:
     self.handles.clear()
     self._live.clear()
     self._step_ender = None
+    self._optimizer_hooked = False
 
 
 Inspector.__enter__ = lambda self: self
@@ -716,11 +834,10 @@ def _label_batch(self: Inspector, verb_labels=None, *, regular=None) -> None:
         regular = np.asarray(regular)
         if regular.dtype != bool or regular.ndim != 1:
             raise ValueError(f"regular must be a 1-D boolean mask, got dtype {regular.dtype}, shape {regular.shape}")
-        self._labels = regular
-    else:
-        if isinstance(verb_labels, (str, bytes)):
-            raise TypeError("verb_labels must be a sequence of lemmas, not a single string")
-        self._labels = list(verb_labels)
+        self._labels = (regular, ~regular)
+    else:     # checked now, not when the loss is computed: an unknown verb is the caller's error, named here
+        self._labels = class_masks(verb_labels, by=self.per_class_by)
+    self._labelled_step = self.step
 
 
 @_method_of(Inspector)
@@ -734,9 +851,9 @@ def _begin_run(self: Inspector, run) -> None:
     if dataclasses.is_dataclass(config):
         self.history.meta["config"] = {k: list(v) if isinstance(v, tuple) else v
                                        for k, v in dataclasses.asdict(config).items()}
+    self.reset()                         # a run starts afresh, with a guard capped at the run's length
     self.attach(run.model)
     self._attached_by_run = True
-    self.reset()                         # a fresh guard, capped at the run's length
 
 
 @_method_of(Inspector)
@@ -782,7 +899,7 @@ def _reset(self: Inspector) -> None:
     self.guard = None if budget is None else BudgetGuard(budget, window, self.clock, self.max_stride)
     if self.guard is not None:
         self.guard.throttled, self.guard.notes = meta["throttled"], meta["notes"]
-    self._labels = None
+    self._labels = self._labelled_step = None
     self._open(0)
 
 

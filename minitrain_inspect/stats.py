@@ -212,7 +212,8 @@ def fast_moments(x) -> TensorMoments:
     n = flat.size
     ### BEGIN SOLUTION
     total = float(np.add.reduce(flat, dtype=np.float64))   # NaN or inf makes this non-finite: float32 cannot overflow it
-    s2 = float(np.dot(flat, flat))                            # float32 accumulation: overflow gives inf
+    with np.errstate(over="ignore", invalid="ignore"):       # overflow is expected, and handled, below
+        s2 = float(np.dot(flat, flat))                        # float32 accumulation: overflow gives inf
     if not (math.isfinite(total) and _FAST_MEAN_SQUARE[0] < s2 / n < _FAST_MEAN_SQUARE[1]):
         return tensor_moments(x)
     mean = total / n

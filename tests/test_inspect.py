@@ -281,9 +281,11 @@ def test_unknown_verb_label_is_an_error():
     net = Sequential(fc=Linear(3, 2, rng=0))
     loss_fn = SoftmaxCrossEntropy()
     inspector = Inspector(net, loss_fn=loss_fn).attach()
-    inspector.label_batch(["walk", "flibbertigibbet"])
-    with pytest.raises(ValueError, match="flibbertigibbet"):
-        loss_fn(net(np.ones((2, 3), np.float32)), np.zeros(2, dtype=int))
+    with pytest.raises(ValueError, match="flibbertigibbet"):       # refused when given, not inside the loss
+        inspector.label_batch(["walk", "flibbertigibbet"])
+    with pytest.raises(TypeError, match="must be strings"):
+        inspector.label_batch(list(range(2)))
+    loss_fn(net(np.ones((2, 3), np.float32)), np.zeros(2, dtype=int))
 
 
 # -- one name, one statistic -----------------------------------------------------------------------
@@ -583,3 +585,176 @@ def test_budget_guard_with_an_injected_clock_on_a_plain_loop(budget, schedules):
         assert any("cannot be met" in n for n in inspector.history.meta["notes"])
     assert inspector.history.get("loss/train")[0].tolist() == list(range(300))   # the loss is never thinned
     assert again == inspector.throttled
+
+
+# -- regressions from an adversarial review ---------------------------------------------------------
+
+def _mlp(seed=0):
+    return Sequential(fc1=Linear(8, 16, rng=seed), act=ReLU(), fc2=Linear(16, 3, rng=seed + 1))
+
+
+X8 = np.random.default_rng(5).standard_normal((16, 8)).astype(np.float32)
+Y8 = np.arange(16) % 3
+
+
+def test_gradient_accumulation_measures_each_steps_final_gradient_once():
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m.parameters(), lr=0.1)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules=EVERY_STEP).attach()
+    m.zero_grad()
+    losses = []
+    for part in np.array_split(np.arange(16), 4):        # four micro-batches, one optimiser step
+        losses.append(lf(m(X8[part]), Y8[part]).loss)
+        m.backprop(lf.backward())
+    grad = m["fc1"].weight.grad.astype(np.float64)
+    opt.step()
+    snap = inspector.snapshot()["fc1.weight"]
+    assert snap["tensors"] == 1 and snap["n"] == grad.size
+    assert snap["l2"] == pytest.approx(np.linalg.norm(grad), rel=1e-6)
+    assert inspector.history.get("loss/train")[1].tolist() == pytest.approx([np.mean(losses)])
+
+
+def test_a_second_loss_call_in_a_labelled_step_is_not_called_unlabelled():
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m.parameters(), lr=0.1)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules=EVERY_STEP).attach()
+    inspector.label_batch(["walk", "go"] * 8)
+    logits = m(X8)
+    lf(logits, Y8)
+    g = lf.backward()
+    lf(logits[:2], Y8[:2])                                 # a logging call after the real one
+    m.backprop(g)
+    opt.step()
+    assert inspector.history.meta["notes"] == []
+
+
+def test_a_diverging_loss_with_labels_is_recorded_not_raised():
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m.parameters(), lr=0.1)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules=EVERY_STEP).attach()
+    inspector.label_batch(regular=Y8 == 0)
+    x = X8.copy()
+    x[0, 0] = np.nan
+    out = lf(m(x), Y8)                                     # the Inspector must not raise inside the user's loss call
+    assert math.isnan(out.loss)
+    steps, values = inspector.history.get("per_class/regular")
+    assert steps.tolist() == [0] and math.isnan(values[0])
+
+
+def test_a_loss_module_inside_the_model_is_not_measured_as_an_activation():
+    from minitrain_inspect.core import Module
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.loss_fn = Linear(8, 3, rng=0), SoftmaxCrossEntropy()
+
+        def forward(self, x):
+            return self.fc(x)
+
+    net = Net()
+    with Inspector(net, schedules=EVERY_STEP).attach() as inspector:
+        net.loss_fn(net(X8), Y8)
+    assert inspector.stats["loss_fn"]["n"] == 0
+    assert any("loss_fn" in note and "not an array" in note for note in inspector.history.meta["notes"])
+
+
+def test_parameters_outside_the_optimizer_get_no_false_update_ratio():
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m["fc2"].parameters(), lr=0.1)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules=EVERY_STEP).attach()
+    for _ in range(2):
+        m.zero_grad(); lf(m(X8), Y8); m.backprop(lf.backward()); opt.step()
+    assert inspector.history.get("updates/fc1.weight/ratio")[0].size == 0
+    assert inspector.history.get("updates/fc2.weight/ratio")[0].tolist() == [0, 1]
+    assert any("fc1.weight" in note for note in inspector.history.meta["notes"])
+
+
+def test_attaching_to_another_model_starts_afresh():
+    m1, m2 = _mlp(0), _mlp(5)
+    inspector = Inspector(m1, schedules=EVERY_STEP).attach()
+    m1(X8 * 100)
+    inspector.remove_all()
+    inspector.attach(m2)
+    m2(X8)
+    assert inspector.snapshot()["fc1"]["n"] == 16 * 16
+    assert inspector.snapshot()["fc1"]["mean"] == pytest.approx(float(m2["fc1"](X8).astype(np.float64).mean()))
+
+
+def test_an_optimizer_of_another_model_is_refused():
+    m1, m2 = _mlp(0), _mlp(5)
+    inspector = Inspector(m1, optimizer=SGD(m1.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="not the model's"):
+        inspector.attach(m2)
+    assert inspector.handles == []
+
+
+def test_a_subset_of_parameters_is_kept_or_refused():
+    m = _mlp()
+    inspector = Inspector(m, [("mine", m["fc1"].weight)]).attach()
+    assert [n for n, _ in inspector.params] == ["mine"]
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        train(TrainConfig(steps=2, progress=False), inspector=Inspector(params=[("mine", m["fc1"].weight)]))
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(histogram_bins=10**8), ValueError, "histogram_bins"),
+    (dict(schedules="every 1"), TypeError, "schedules must be a dict"),
+    (dict(schedules=[("loss", 1)]), TypeError, "schedules must be a dict"),
+    (dict(enabled="no"), TypeError, "enabled"),
+    (dict(enabled=None), TypeError, "enabled"),
+    (dict(exact=1), TypeError, "exact"),
+])
+def test_more_bad_constructor_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Inspector(**kwargs)
+
+
+def test_no_optimizer_and_no_parameters_says_so():
+    net = Sequential(act=ReLU())
+    inspector = Inspector(net).attach()
+    assert any("no parameters" in note for note in inspector.history.meta["notes"])
+    net2 = _mlp()
+    inspector = Inspector(net2).attach()
+    assert any("no optimizer" in note for note in inspector.history.meta["notes"])
+
+
+def test_guard_with_log_schedules_and_an_impossible_budget_does_not_oscillate():
+    clock = TickingClock(1.0)
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m.parameters(), lr=0.01)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules={p: "log" for p in PANELS}, budget=1e-6,
+                          clock=clock).attach()
+    for _ in range(4000):
+        m.zero_grad(); lf(m(X8), Y8); m.backprop(lf.backward()); opt.step()
+        clock.advance(100.0)
+    assert len(inspector.throttled) <= 5 * 20, len(inspector.throttled)    # bounded, not growing with the run
+    assert len(inspector.history.meta["notes"]) <= 4
+    assert all(p.stride <= 4000 for p in inspector.panels.values())
+
+
+def test_plain_loop_strides_never_exceed_the_steps_so_far():
+    clock = TickingClock(5e-4)
+    m, lf = _mlp(), SoftmaxCrossEntropy()
+    opt = SGD(m.parameters(), lr=0.01)
+    inspector = Inspector(m, optimizer=opt, loss_fn=lf, schedules=EVERY_STEP, budget=1e-6, budget_window=10,
+                          clock=clock).attach()
+    for step in range(60):
+        m.zero_grad(); lf(m(X8), Y8); m.backprop(lf.backward()); opt.step()
+        clock.advance(0.01)
+        assert all(p.stride <= max(step + 1, 10) for p in inspector.panels.values())
+
+
+def test_fast_and_exact_inspectors_agree():
+    results = {}
+    for exact in (False, True):
+        inspector = Inspector(schedules=EVERY_STEP, exact=exact)
+        train(TrainConfig(steps=30, progress=False), inspector=inspector)
+        results[exact] = inspector.snapshot()
+    for name, fast in results[False].items():
+        exact = results[True][name]
+        for field in ("n", "mean", "min", "max"):
+            assert fast[field] == exact[field] or fast[field] == pytest.approx(exact[field], rel=1e-12), (name, field)
+        for field in ("var", "l2"):
+            if exact[field]:
+                assert fast[field] == pytest.approx(exact[field], rel=5e-6), (name, field)
