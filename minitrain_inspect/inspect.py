@@ -221,10 +221,14 @@ class PerClassPanel(Panel):
 
 # %% ../nbs/10_inspect.ipynb #9fc46f89
 def _norm(x: np.ndarray) -> float:
-    "L2 norm of `x` in float64; finite for any finite input (the scaled path runs only when the fast one overflows)."
-    flat = x.reshape(-1).astype(np.float64, copy=False)
-    value = math.sqrt(float(np.dot(flat, flat)))
-    return value if math.isfinite(value) else tensor_moments(flat).l2
+    """L2 norm of `x`: one BLAS dot in the array's own precision (relative error about 1e-7), or the exact,
+    overflow-safe norm of `08_stats` when the dot overflows or its squares come near underflow."""
+    flat = x.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # detected below, and handled
+        value = math.sqrt(float(np.dot(flat, flat)))
+    if math.isfinite(value) and value > 1e-15:
+        return value
+    return tensor_moments(flat).l2 if flat.size else 0.0
 
 
 class UpdatePanel(Panel):
