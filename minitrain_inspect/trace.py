@@ -13,6 +13,7 @@ import math
 import statistics
 import sys
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
@@ -432,7 +433,7 @@ def load_trace(path) -> Trace:
             arrays = {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise ValueError(f"{npz_path}: the trace's arrays are missing") from None
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:   # a pickled array is a ValueError here
         raise ValueError(f"{npz_path}: cannot read the trace's arrays ({exc})") from None
     checked = [_checked_entry(e, arrays, f"{json_path}: event {i}") for i, e in enumerate(events)]
     extra = sorted(set(arrays) - {e["key"] for e in events})
