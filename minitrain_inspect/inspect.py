@@ -152,7 +152,7 @@ class UnitPanel(Panel):
         history.record(f"units/{name}/{share_field}", step, share)
         lo, hi = ACTIVATION_RANGES[kind]
         hist = fixed_histogram(output, lo, hi, self.bins)
-        history.record(f"units/{name}/histogram", step, [float(v) for v in hist.fractions])
+        history.record(f"units/{name}/histogram", step, hist.fractions)   # stored as a list of floats
         history.record(f"units/{name}/below", step, hist.below)
         history.record(f"units/{name}/above", step, hist.above)
         self.cost += self.clock() - start
