@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .stats import FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, to_jsonable
+from .stats import FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan, to_jsonable
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
@@ -450,7 +450,7 @@ def unit_health(output, kind: str) -> UnitHealth:
     a = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)  # rows: examples; columns: units
     ### BEGIN SOLUTION
     stuck = a <= 0 if kind == "relu" else np.abs(a) > SATURATION  # NaN compares False: never stuck
-    if all_finite(a):
+    if not has_nan(a):
         return UnitHealth(np.count_nonzero(stuck.all(axis=0)) / a.shape[1], np.count_nonzero(stuck) / a.size)
     valid = ~np.isnan(a)
     outputs, units = int(np.count_nonzero(valid)), valid.any(axis=0)
@@ -488,10 +488,13 @@ def fixed_histogram(x, lo: float, hi: float, bins: int) -> Histogram:
     # Bin positions in the input's own float type (a bin index needs no float64).
     dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
     with np.errstate(over="ignore"):  # a huge value may overflow its position to ±inf: it is then simply out of range
-        position = np.subtract(x.reshape(-1), lo, dtype=dtype)
-        position *= bins / (hi - lo)
+        if lo:
+            position = np.subtract(x.reshape(-1), lo, dtype=dtype)
+            position *= bins / (hi - lo)
+        else:                         # a range from 0 (ReLU's): one pass fewer
+            position = np.multiply(x.reshape(-1), bins / hi, dtype=dtype)
     nan = 0
-    if not all_finite(position):
+    if has_nan(position):
         is_nan = np.isnan(position)
         nan = int(np.count_nonzero(is_nan))
         position = position[~is_nan]

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 # %% auto #0
-__all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'all_finite', 'TensorMoments', 'tensor_moments', 'fast_moments',
+__all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'fast_moments',
            'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
            'atomic_output', 'atomic_write_text']
 
@@ -49,6 +49,12 @@ def float64_sum(x: np.ndarray) -> float:
         return float(np.add.reduce(x, axis=None, dtype=np.float64))
     with np.errstate(over="ignore"):  # float64 values can: that is an expected outcome here, not a warning
         return float(np.add.reduce(x, axis=None, dtype=np.float64))
+
+
+def has_nan(x) -> bool:
+    "True when `x` holds a NaN: its maximum is NaN then (NumPy's max propagates NaN), one pass at memory speed."
+    x = np.asarray(x)
+    return x.dtype.kind in "fc" and x.size > 0 and bool(np.isnan(np.max(x)))
 
 
 def all_finite(x) -> bool:
