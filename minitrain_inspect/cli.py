@@ -23,8 +23,8 @@ from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import TrainConfig, train
 
 # %% auto #0
-__all__ = ['PROG', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'sigint_deferred', 'publish', 'train_summary',
-           'main']
+__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'sigint_deferred',
+           'publish', 'train_summary', 'main']
 
 # %% ../nbs/16_cli.ipynb #1d9c9feb
 PROG = "minitrain-inspect"
@@ -53,6 +53,10 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every,
                    help=f"steps between held-out evaluations (default {d.eval_every})")
     _add_blas_flag(p)
+    p.add_argument("--diagnose-every", type=int, default=d.diagnose_every, metavar="N",
+                   help="diagnose the run's health every N steps (default: never)")
+    p.add_argument("--early-stop", action="store_true",
+                   help="end the run cleanly when a diagnosis fails or the loss is not finite")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -65,11 +69,15 @@ def _config(args) -> TrainConfig:
     return TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                        momentum=args.momentum, seed=args.seed, hidden=tuple(args.hidden), activation=args.activation,
                        dropout=args.dropout, dtype=args.dtype, eval_every=args.eval_every,
-                       blas_threads=args.blas_threads, progress=not args.quiet)
+                       blas_threads=args.blas_threads, progress=not args.quiet, diagnose_every=args.diagnose_every,
+                       early_stop=args.early_stop)
 
 # %% ../nbs/16_cli.ipynb #14b3f697
+DEMO_DIAGNOSE_EVERY = 50
+
+
 def build_parser() -> argparse.ArgumentParser:
-    "The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `overhead`."
+    "The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `overhead`, `diagnose`."
     parser = OneLineParser(prog=PROG, description="Train a NumPy model of English past tenses and see inside the run.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -87,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--budget", type=float, default=None, help="budget guard for the Inspector, e.g. 0.3 (default off)")
     _add_benchmark_flags(d, prefix="bench-")
     d.add_argument("--no-benchmark", action="store_true", help="skip the overhead benchmark")
+    d.set_defaults(diagnose_every=DEMO_DIAGNOSE_EVERY)
 
     g = sub.add_parser("dashboard", help="redraw the dashboard of a saved run",
                        description="Draw the dashboard of a history saved by `demo` (history.jsonl), with the title "
@@ -102,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     o.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="also write the results note (Markdown) to FILE (default: print only)")
+
+    x = sub.add_parser("diagnose", help="measure the diagnosis on a gallery of broken and healthy runs",
+                       description="Run the gallery of 15_diagnose: broken and healthy runs, each diagnosed every N "
+                                   "steps with early stop on, and print the table.")
+    x.add_argument("--gallery", action="store_true", help="run the gallery (the only mode for now; required)")
+    x.add_argument("--steps", type=int, default=2000, help="planned steps of each run (default 2000)")
+    x.add_argument("--seeds", type=int, default=5, help="seeds of the default healthy run (default 5)")
+    x.add_argument("--every", type=int, default=50, metavar="N", help="diagnose every N steps (default 50)")
+    x.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    x.add_argument("--quiet", action="store_true", help="no line per finished run on standard error")
     return parser
 
 
@@ -166,6 +185,10 @@ def train_summary(result) -> dict:
         "seconds": round(result.seconds, 3),
         "config": asdict(result.config),
     }
+    out["early_stop"] = result.early_stop.to_dict()
+    diagnoser = getattr(result, "diagnoser", None)
+    if diagnoser is not None and diagnoser.reports:
+        out["diagnosis"] = {k: v for k, v in diagnoser.summary().items() if k != "reports"}
     if result.inspector is not None:
         out["snapshot"] = result.inspector.snapshot()
     return to_jsonable(out)
@@ -179,15 +202,33 @@ def _print_train_text(summary: dict) -> None:
     print(f"accuracy: held-out regular {fmt(acc['regular_val'])}, training irregular {fmt(acc['irregular_train'])}, "
           f"held-out irregular {fmt(acc['irregular_val'])}")
     print(f"params_sha256 {summary['params_sha256']}")
+    es = summary["early_stop"]
+    if es["stopped"]:
+        saved = es["compute_saved"]
+        seconds = "" if saved["seconds"] is None else f", about {saved['seconds']:.1f} s"
+        print(f"stopped early at step {es['step']}: {es['verdict']}; saved {saved['steps']} steps "
+              f"({saved['share']:.0%} of the run{seconds})")
+    elif es["verdict"] is not None:
+        print(f"diagnosis: {es['verdict']}")
+    for reason in es["reasons"]:
+        print(f"  {reason}")
+
+
+def _train(config, inspector=None):
+    "Train; through `diagnose.train` (which adds the Diagnoser) when the config asks for a diagnosis."
+    if config.diagnose_every is None:
+        return train(config, inspector=inspector)
+    from minitrain_inspect.diagnose import train as diagnosed_train
+    return diagnosed_train(config, inspector=inspector)
 
 
 def _run_train(args) -> int:
     config = _config(args)
     if args.inspect:
         from minitrain_inspect.inspect import Inspector   # imported when used: the command starts fast
-        result = train(config, inspector=Inspector())
+        result = _train(config, inspector=Inspector())
     else:
-        result = train(config)
+        result = _train(config)
     summary = train_summary(result)
     print(json.dumps(summary, allow_nan=False)) if args.json else _print_train_text(summary)
     return 0
@@ -224,9 +265,11 @@ def _run_demo(args) -> int:
     inspector = Inspector(budget=args.budget)
     staging = staging_folder(args.out)            # ...and the output folder too
     try:
-        result = train(config, inspector=inspector)
+        result = _train(config, inspector=inspector)
         summary = train_summary(result)
         history = inspector.history
+        if getattr(result, "diagnoser", None) is not None:
+            result.diagnoser.save(staging / "diagnosis.json")
         history.meta["title"] = _demo_title(config, result)
         history.meta.setdefault("config", to_jsonable(asdict(config)))
         save_dashboard(history, staging / "dashboard.png")
@@ -283,7 +326,33 @@ def _run_overhead(args) -> int:
     return 0
 
 # %% ../nbs/16_cli.ipynb #29fe37b2
-COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead}
+def _run_diagnose(args) -> int:
+    if not args.gallery:
+        raise ValueError("diagnose needs --gallery (the only mode for now)")
+    for name, value, low in (("steps", args.steps, 1), ("seeds", args.seeds, 1), ("every", args.every, 1)):
+        if value < low:
+            raise ValueError(f"--{name} must be at least {low}, got {value}")
+    from minitrain_inspect.diagnose import gallery_summary, gallery_table, healthy_margins, run_gallery
+    done = lambda r: print(f"{r['name']}: {'flagged at step ' + str(r['step']) if r['flagged'] else 'not flagged'}",
+                           file=sys.stderr)
+    rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every, progress=None if args.quiet else done)
+    summary, margins = gallery_summary(rows), healthy_margins(rows)
+    if args.json:
+        for row in rows:
+            row.pop("reports")
+        print(json.dumps(to_jsonable({"summary": summary, "margins": margins, "runs": rows}), allow_nan=False))
+        return 0
+    print(gallery_table(rows))
+    print(f"\nbroken runs flagged: {summary['broken_flagged']} of {summary['broken']}; healthy runs flagged "
+          f"(false positives): {summary['false_positives']} of {summary['healthy']}; runs whose loss became NaN: "
+          f"{summary['nan_runs']}, flagged before the NaN: {summary['fired_before_nan']}")
+    for check, m in margins.items():
+        print(f"{check}: closest healthy value {m['value']:.3g}, threshold {m['threshold']:g}")
+    return 0
+
+
+COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead,
+            "diagnose": _run_diagnose}
 
 
 def main(argv=None) -> int:

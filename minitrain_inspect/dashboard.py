@@ -14,6 +14,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import LogNorm, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
@@ -23,8 +24,9 @@ from .stats import atomic_output
 # %% auto #0
 __all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'moving_average', 'param_layer', 'LayerStyle', 'plot_per_layer', 'draw_loss',
            'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health',
-           'draw_histogram', 'draw_per_class', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'draw_key',
-           'render_dashboard', 'save_dashboard']
+           'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps', 'verdict_lines', 'draw_verdict',
+           'mark_fired', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'draw_key', 'render_dashboard',
+           'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -308,6 +310,64 @@ def draw_per_class(ax, history: History, last_step: int) -> None:
         _message(ax, _per_class_note(history))
     _finish(ax, "7 · Per-class loss", "mean loss in the batch (log)", last_step, log=drawn, legend=True)
 
+# %% ../nbs/11_dashboard.ipynb #a3007921
+def diagnosis_of(history: History) -> dict | None:
+    "The diagnosis stored in `history.meta['diagnosis']`, or None (also if it is malformed)."
+    d = history.meta.get("diagnosis")
+    if not isinstance(d, dict) or d.get("verdict") not in ("trustworthy", "failing"):
+        return None
+    return d
+
+
+def fired_steps(history: History) -> list[int]:
+    "The steps at which some check of the diagnosis fired."
+    d = diagnosis_of(history) or {}
+    return sorted({int(f["step"]) for f in d.get("fired", []) if isinstance(f, dict) and isinstance(f.get("step"), int)})
+
+
+def verdict_lines(history: History, max_reasons: int = 4) -> list[str]:
+    "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
+    d = diagnosis_of(history)
+    if d is None:
+        return ["not diagnosed: no verdict (train with diagnose_every to get one)"]
+    every = f"every {d['every']} steps" if d.get("every") else "at the end"
+    n = len(d.get("reports", [])) or None
+    if d["verdict"] == "trustworthy":
+        return [f"HEALTHY: no check fired ({n or 'all'} diagnoses, {every})"]
+    fired = fired_steps(history)
+    head = f"FAILING from step {d.get('step')}" + (f" (checks fired at {len(fired)} diagnoses, {every})" if fired else "")
+    if d.get("early_stop"):
+        head += "; early stop was on"
+    reasons = [str(r) for r in d.get("reasons", [])]
+    return [head] + [f"  {r}" for r in reasons[:max_reasons]] + (
+        [f"  and {len(reasons) - max_reasons} more"] if len(reasons) > max_reasons else [])
+
+
+def draw_verdict(ax, history: History) -> None:
+    "The banner: the verdict across the top of the figure, green, red, or grey when the run was not diagnosed."
+    ax.axis("off")
+    d = diagnosis_of(history)
+    colour = "0.45" if d is None else "#1a7f37" if d["verdict"] == "trustworthy" else "#c62828"
+    lines = verdict_lines(history)
+    ax.add_patch(Rectangle((0, 0), 1, 1, transform=ax.transAxes, facecolor=colour, alpha=0.12, edgecolor=colour,
+                           lw=2, clip_on=False))
+    ax.text(0.01, 0.72, lines[0], transform=ax.transAxes, va="center", ha="left", fontsize=16, fontweight="bold",
+            color=colour)
+    if len(lines) > 1:
+        ax.text(0.01, 0.3, "\n".join(l.strip() for l in lines[1:3]), transform=ax.transAxes, va="center",
+                ha="left", fontsize=10.5, color="black")
+    if fired_steps(history):
+        ax.text(0.99, 0.72, "red dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
+                va="center", ha="right", fontsize=10, color=colour)
+
+
+def mark_fired(ax, history: History) -> int:
+    "Red dotted vertical lines on a panel over training steps, at each step where a check fired; returns how many."
+    steps = fired_steps(history)
+    for step in steps:
+        ax.axvline(step, color="#c62828", ls=":", lw=1.6, alpha=0.9, zorder=0.5, gid="diagnosis/fired")
+    return len(steps)
+
 # %% ../nbs/11_dashboard.ipynb #b8c0d9ee
 def _last_finite(history: History, key: str, window: int = 1) -> float:
     values = history.get(key)[1]
@@ -339,7 +399,7 @@ def nonfinite_lines(history: History) -> list[str]:
 def summary_lines(history: History, max_events: int = 3) -> list[str]:
     "Headline numbers of the run, one line each, at most a screenful whatever the run."
     last = _last_step(history)
-    lines = [f"last step recorded: {last if last >= 0 else 'none'}",
+    lines = verdict_lines(history, max_reasons=2) + [f"last step recorded: {last if last >= 0 else 'none'}",
              f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
              f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}" if history.get("loss/val")[0].size
              else "held-out loss: not recorded"]
@@ -422,27 +482,35 @@ def _config_line(config: dict, width: int = 300) -> str:
 
 # %% ../nbs/11_dashboard.ipynb #1528e4da
 def render_dashboard(history: History, title: str | None = None, figsize=(20, 25)) -> Figure:
-    "Draw the seven panels from `history`, in reading order, into a new matplotlib `Figure`."
+    "Draw the verdict banner and the seven panels from `history`, in reading order, into a new matplotlib `Figure`."
     if not isinstance(history, History):
         raise TypeError(f"render_dashboard needs a History, got {type(history).__name__}")
     style, last = LayerStyle(history), _last_step(history)
-    fig = Figure(figsize=figsize, layout="constrained")
-    grid = fig.add_gridspec(6, 4)
-    add = lambda row, cols: fig.add_subplot(grid[row, cols])
-    draw_loss(add(0, slice(0, 2)), history, last)
+    fig = Figure(figsize=(figsize[0], figsize[1] + 1.2), layout="constrained")
+    grid = fig.add_gridspec(7, 4, height_ratios=[0.22, 1, 1, 1, 1, 1, 1])
+    add = lambda row, cols: fig.add_subplot(grid[row + 1, cols])
+    draw_verdict(fig.add_subplot(grid[0, :]), history)
+    timed = [add(0, slice(0, 2))]
+    draw_loss(timed[0], history, last)
     draw_key(add(0, slice(2, 4)), style, history.meta.get("config"))
-    draw_activations([add(1, i) for i in range(4)], history, style, last)
-    draw_gradients([add(2, slice(0, 2)), add(2, slice(2, 4))], history, style, last)
-    draw_updates(add(3, slice(0, 2)), history, style, last)
-    draw_spectral(add(3, slice(2, 4)), history, style, last)
-    draw_unit_health(add(4, slice(0, 2)), history, style, last)
+    timed += [add(1, i) for i in range(4)]
+    draw_activations(timed[1:5], history, style, last)
+    timed += [add(2, slice(0, 2)), add(2, slice(2, 4))]
+    draw_gradients(timed[5:7], history, style, last)
+    timed += [add(3, slice(0, 2)), add(3, slice(2, 4)), add(4, slice(0, 2))]
+    draw_updates(timed[7], history, style, last)
+    draw_spectral(timed[8], history, style, last)
+    draw_unit_health(timed[9], history, style, last)
     layers = style.shown(history.names("units"))
-    cells = grid[4, 2:].subgridspec(1, max(len(layers), 1))
+    cells = grid[5, 2:].subgridspec(1, max(len(layers), 1))
     for i, name in enumerate(layers or [None]):
         ax = fig.add_subplot(cells[i])
         draw_histogram(ax, history, name, fig) if name else _message(ax, "no histograms recorded")
-    draw_per_class(add(5, slice(0, 2)), history, last)
+    timed.append(add(5, slice(0, 2)))
+    draw_per_class(timed[-1], history, last)
     draw_summary(add(5, slice(2, 4)), history)
+    for ax in timed:
+        mark_fired(ax, history)
     fig.suptitle(title or history.meta.get("title") or "minitrain-inspect: is this run healthy?",
                  fontsize=15, fontweight="bold")
     return fig
