@@ -379,49 +379,45 @@ def _scalar_from_json(value):
 
 # %% ../nbs/09_panels.ipynb #40fad9a4
 class SpectralNorm:
-    "Running estimate of a matrix's largest singular value by power iteration, with the vector cached."
+    "Running estimate of a matrix's largest singular value by power iteration, with its vector cached between calls."
 
     def __init__(self, warmup: int = 30, seed: int = 0):
         self.warmup, self.seed = check_int(warmup, "SpectralNorm warmup", minimum=1), seed
-        self._v = None
+        self._x, self._left = None, False   # the cached unit vector; True when it is a left vector (rows of W)
 
     def estimate(self, W: np.ndarray) -> float:
-        "Run one iteration (or `warmup` on the first call, or after a shape change) and return the estimate."
+        """Advance power iteration by half a round (one matrix-vector product) and return the estimate; `warmup`
+        full rounds on the first call, or after a change of shape."""
         if W.ndim != 2:
             raise ValueError(f"spectral norm needs a matrix, got shape {W.shape}")
-        iterations = 1
-        if self._v is None or self._v.shape[0] != W.shape[1]:
+        steps = 1
+        if self._x is None or self._x.shape[0] != W.shape[0 if self._left else 1]:
             v = np.random.default_rng(self.seed).standard_normal(W.shape[1]).astype(W.dtype)
-            self._v = v / np.linalg.norm(v)
-            iterations = self.warmup
+            self._x, self._left, steps = v / np.linalg.norm(v), False, 2 * self.warmup
         with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below, and handled
-            sigma, v = self._iterate(W, self._v, iterations)
+            sigma, x = self._iterate(W, self._x, self._left, steps)
         if not math.isfinite(sigma) and all_finite(W):
             # Finite weights whose products overflow float32 (sigma above about 1.8e19): iterate on W / 2**k in
             # float64, which is exact scaling, and scale the answer back. A huge norm is a number, never a gap.
             k = math.frexp(float(np.abs(W).max()))[1]
-            sigma, v = self._iterate(np.ldexp(W.astype(np.float64), -k), self._v.astype(np.float64), iterations)
+            sigma, x = self._iterate(np.ldexp(W.astype(np.float64), -k), self._x.astype(np.float64), self._left, steps)
             sigma = min(math.ldexp(sigma, k), FLOAT64_MAX)
-        if v is not None:
-            self._v = v.astype(W.dtype)
+        if x is not None:
+            self._x, self._left = x.astype(W.dtype), self._left ^ (steps % 2 == 1)
         return sigma
 
     @staticmethod
-    def _iterate(W: np.ndarray, v: np.ndarray, iterations: int) -> tuple[float, np.ndarray | None]:
-        "`iterations` rounds of power iteration from the unit vector `v`: (sigma, new v); (nan, None) on overflow."
+    def _iterate(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tuple[float, np.ndarray | None]:
+        """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and
+        normalises. Returns (sigma, the last unit vector), or (0 or nan, None) at a zero or an overflow."""
         sigma = 0.0
-        for _ in range(iterations):
-            u = W @ v
-            u_norm = math.sqrt(float(np.dot(u, u)))
-            if u_norm == 0.0 or not math.isfinite(u_norm):
-                return (u_norm, None) if math.isfinite(u_norm) else (math.nan, None)
-            u /= u_norm
-            v = W.T @ u
-            sigma = math.sqrt(float(np.dot(v, v)))
+        for _ in range(steps):
+            y = W.T @ x if left else W @ x
+            sigma = math.sqrt(float(np.dot(y, y)))
             if sigma == 0.0 or not math.isfinite(sigma):
                 return (sigma, None) if math.isfinite(sigma) else (math.nan, None)
-            v /= sigma
-        return sigma, v
+            x, left = y / sigma, not left
+        return sigma, x
 
 # %% ../nbs/09_panels.ipynb #c4cc4419
 SATURATION = 0.97  # |tanh| above this is saturated: local gradient 1 - a^2 < 0.06
