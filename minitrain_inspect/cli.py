@@ -18,6 +18,8 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from . import __version__
 from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import TrainConfig, train
@@ -215,11 +217,13 @@ def _print_train_text(summary: dict) -> None:
 
 
 def _train(config, inspector=None):
-    "Train; through `diagnose.train` (which adds the Diagnoser) when the config asks for a diagnosis."
-    if config.diagnose_every is None:
-        return train(config, inspector=inspector)
-    from minitrain_inspect.diagnose import train as diagnosed_train
-    return diagnosed_train(config, inspector=inspector)
+    """Train; through `diagnose.train` (which adds the Diagnoser) when the config asks for a diagnosis. NumPy's
+    overflow warnings are silenced: a diverging run is reported once, by the loop's error or the diagnosis."""
+    with np.errstate(all="ignore"):
+        if config.diagnose_every is None:
+            return train(config, inspector=inspector)
+        from minitrain_inspect.diagnose import train as diagnosed_train
+        return diagnosed_train(config, inspector=inspector)
 
 
 def _run_train(args) -> int:

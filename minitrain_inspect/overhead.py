@@ -726,7 +726,7 @@ def results_markdown(bench: dict) -> str:
              f"step; figures are medians over {bench['repeats']} repeats; overhead = median of paired "
              f"(t_variant - t_baseline) / t_baseline, with the lowest and highest repeat. PyTorch runs the twin of "
              f"the same model with its own nn.Dropout (each framework draws its own masks).", "",
-             f"**Threads: {bench['blas_threads']}** for every run (BLAS through threadpoolctl: {bench['blas']}"
+             f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl: {bench['blas']}"
              f"{torch_threads}).", "",
              "| configuration | median ms/step | overhead | spread over repeats |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {ms[v]:.3f} | {'—' if v == 'baseline' else _pct(spread[v]['median'])} | "
@@ -746,7 +746,7 @@ def results_markdown(bench: dict) -> str:
     load = bench.get("load") or (math.nan, math.nan)
     lines += [f"Machine: {bench['machine']}. Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
               f"Date: {bench['date']}.",
-              "Produced by `minitrain-inspect overhead`" + (" --against torch" if bench.get("against") else "") + ".", ""]
+              "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "") + "`.", ""]
     return "\n".join(lines)
 
 

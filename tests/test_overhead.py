@@ -189,7 +189,7 @@ def test_summary_floor_figures_and_spread_warning():
     assert math.isclose(bench["floor_ratio"], 15.0)          # per repeat 0.4/0.04, 1.0/0.05, 0.6/0.04: 10, 20, 15
     assert bench["warnings"] and "every_step (30.0)" in bench["warnings"][0] and "default" not in bench["warnings"][0]
     note = results_markdown(bench)
-    assert note.count("Warning:") == 1 and "**Threads: 1**" in note and "1.0% of a baseline step" not in note
+    assert note.count("Warning:") == 1 and "**BLAS threads: 1**" in note and "1.0% of a baseline step" not in note
     assert "Floor." in note and "4.00 MiB" in note and "Load average" in note
     assert bench["torch_full_set_overhead"] is None and bench["inspector_ahead_of_torch"] is None
 
