@@ -325,7 +325,7 @@ def fired_steps(history: History) -> list[int]:
     return sorted({int(f["step"]) for f in d.get("fired", []) if isinstance(f, dict) and isinstance(f.get("step"), int)})
 
 
-def verdict_lines(history: History, max_reasons: int = 4) -> list[str]:
+def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
     "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
     d = diagnosis_of(history)
     if d is None:
@@ -333,7 +333,9 @@ def verdict_lines(history: History, max_reasons: int = 4) -> list[str]:
     every = f"every {d['every']} steps" if d.get("every") else "at the end"
     n = len(d.get("reports", [])) or None
     if d["verdict"] == "trustworthy":
-        return [f"HEALTHY: no check fired ({n or 'all'} diagnoses, {every})"]
+        return [f"HEALTHY: no check fired ({n or 'all'} diagnoses, {every})",
+                "  checked: hidden-norm growth, gradient floor, vanishing and exploding gradients, non-finite values, "
+                "dead units, loss spikes, no learning"]
     fired = fired_steps(history)
     head = f"FAILING from step {d.get('step')}" + (f" (checks fired at {len(fired)} diagnoses, {every})" if fired else "")
     if d.get("early_stop"):
@@ -354,18 +356,18 @@ def draw_verdict(ax, history: History) -> None:
     ax.text(0.01, 0.72, lines[0], transform=ax.transAxes, va="center", ha="left", fontsize=16, fontweight="bold",
             color=colour)
     if len(lines) > 1:
-        ax.text(0.01, 0.3, "\n".join(l.strip() for l in lines[1:3]), transform=ax.transAxes, va="center",
-                ha="left", fontsize=10.5, color="black")
+        ax.text(0.01, 0.5, "\n".join(l.strip() for l in lines[1:]), transform=ax.transAxes, va="top",
+                ha="left", fontsize=10.5, color="black", linespacing=1.3)
     if fired_steps(history):
-        ax.text(0.99, 0.72, "red dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
-                va="center", ha="right", fontsize=10, color=colour)
+        ax.text(0.99, 0.72, "black dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
+                va="center", ha="right", fontsize=10.5, color="black")
 
 
 def mark_fired(ax, history: History) -> int:
-    "Red dotted vertical lines on a panel over training steps, at each step where a check fired; returns how many."
+    "Black dotted vertical lines on a panel over training steps, at each step where a check fired; returns how many."
     steps = fired_steps(history)
     for step in steps:
-        ax.axvline(step, color="#c62828", ls=":", lw=1.6, alpha=0.9, zorder=0.5, gid="diagnosis/fired")
+        ax.axvline(step, color="black", ls=":", lw=1.4, alpha=0.75, zorder=0.5, gid="diagnosis/fired")
     return len(steps)
 
 # %% ../nbs/11_dashboard.ipynb #b8c0d9ee
@@ -487,7 +489,7 @@ def render_dashboard(history: History, title: str | None = None, figsize=(20, 25
         raise TypeError(f"render_dashboard needs a History, got {type(history).__name__}")
     style, last = LayerStyle(history), _last_step(history)
     fig = Figure(figsize=(figsize[0], figsize[1] + 1.2), layout="constrained")
-    grid = fig.add_gridspec(7, 4, height_ratios=[0.22, 1, 1, 1, 1, 1, 1])
+    grid = fig.add_gridspec(7, 4, height_ratios=[0.36, 1, 1, 1, 1, 1, 1])
     add = lambda row, cols: fig.add_subplot(grid[row + 1, cols])
     draw_verdict(fig.add_subplot(grid[0, :]), history)
     timed = [add(0, slice(0, 2))]

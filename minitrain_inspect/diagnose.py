@@ -582,8 +582,8 @@ def _accuracy(result: TrainResult) -> dict:
 
 
 def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
-                      thresholds: DiagnosticThresholds | None = None) -> dict:
-    "Run one gallery entry with early stop (and again to the end if it stopped); returns its row of the table."
+                      thresholds: DiagnosticThresholds | None = None, final: bool = True) -> dict:
+    "Run one gallery entry with early stop (and, if it stopped and `final`, again to the end); returns its row."
     config = TrainConfig(**{"steps": steps, "progress": False, **entry.config}, diagnose_every=every, early_stop=True)
     data = shuffled_labels(config) if entry.shuffle else None
     diagnoser = Diagnoser(thresholds)
@@ -595,7 +595,9 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
            "reasons": diagnoser.reasons, "compute_saved": es.compute_saved, "accuracy_at_stop": _accuracy(result),
            "final_accuracy": _accuracy(result), "nan_step": None, "seconds": result.seconds,
            "reports": [r.to_dict() for r in diagnoser.reports]}
-    if es.stopped:
+    if es.stopped and not final:
+        row["final_accuracy"] = None
+    elif es.stopped:
         full = dataclasses.replace(config, diagnose_every=None, early_stop=False)
         try:
             with np.errstate(all="ignore"):
@@ -606,19 +608,19 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
 
 
 def run_gallery(steps: int = 2000, seeds: int = 5, every: int = 50, thresholds: DiagnosticThresholds | None = None,
-                runs: list | None = None, progress=None) -> list:
+                runs: list | None = None, progress=None, final: bool = True) -> list:
     "Run every gallery entry (`gallery(seeds)` unless `runs` is given); returns the rows. `progress(row)` after each."
     steps, every = check_int(steps, "steps", 1), check_int(every, "every", 1)
     rows = []
     for entry in gallery(seeds) if runs is None else runs:
-        rows.append(run_gallery_entry(entry, steps, every, thresholds))
+        rows.append(run_gallery_entry(entry, steps, every, thresholds, final))
         if progress is not None:
             progress(rows[-1])
     return rows
 
 # %% ../nbs/15_diagnose.ipynb #c2fc7a00
 def _acc(a) -> str:
-    return "NaN loss" if a is None else f"{a['regular_val']:.2f}/{a['irregular_train']:.2f}"
+    return "not run" if a is None else f"{a['regular_val']:.2f}/{a['irregular_train']:.2f}"
 
 
 def gallery_table(rows: list) -> str:

@@ -15,7 +15,7 @@ from minitrain_inspect import __version__
 # The console script installed beside this interpreter (the project's virtual environment), else on PATH.
 _beside = Path(sys.executable).with_name("minitrain-inspect")
 SCRIPT = str(_beside) if _beside.exists() else shutil.which("minitrain-inspect")
-RUN_FILES = ["dashboard.png", "history.jsonl", "results.md", "snapshot.json"]
+RUN_FILES = ["dashboard.png", "diagnosis.json", "history.jsonl", "results.md", "snapshot.json"]
 # Far more steps than the timeout allows: a command that reaches training before failing shows up as a timeout.
 FOREVER = "100000000"
 
@@ -217,3 +217,85 @@ def test_ctrl_c_in_a_fresh_folder_leaves_no_files(tmp_path):
 def test_ctrl_c_in_train_is_one_line():
     code, stdout, stderr = _interrupt(["train", "--steps", FOREVER, "--quiet"], after=2.0)
     assert (code, stdout, stderr) == (130, "", "interrupted\n")
+
+
+# --- issue 10: diagnosis and early stop on the command line -------------------------------------------------------
+
+def test_train_lr5_early_stop_stops_with_a_failing_verdict_and_exits_0():
+    r = run("train", "--lr", "5", "--early-stop", "--diagnose-every", "50", "--json", "--quiet")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    out = json.loads(r.stdout)
+    es = out["early_stop"]
+    assert set(es) == {"stopped", "step", "verdict", "reasons", "compute_saved"}, es
+    assert (es["stopped"], es["verdict"]) == (True, "failing"), es
+    assert 0 < es["step"] <= 200 and es["reasons"], es
+    assert es["compute_saved"]["steps"] == 2000 - es["step"], es
+    assert es["compute_saved"]["share"] == pytest.approx((2000 - es["step"]) / 2000), es
+    assert es["compute_saved"]["seconds"] > 0, es
+    assert out["diagnosis"]["verdict"] == "failing" and out["diagnosis"]["step"] == es["step"], out["diagnosis"]
+
+
+def test_train_text_output_reports_the_stop():
+    r = run("train", "--lr", "5", "--steps", "300", "--early-stop", "--diagnose-every", "50", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "stopped early at step 50: failing; saved 250 steps (83% of the run" in r.stdout, r.stdout
+    assert "dead_units" in r.stdout
+
+
+def test_default_run_with_early_stop_completes_unflagged():
+    r = run("train", "--early-stop", "--diagnose-every", "50", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["early_stop"] == {"stopped": False, "step": None, "verdict": "trustworthy", "reasons": [],
+                                 "compute_saved": {"steps": 0, "share": 0.0, "seconds": 0.0}}, out["early_stop"]
+    plain = json.loads(run("train", "--json", "--quiet").stdout)
+    assert out["params_sha256"] == plain["params_sha256"], "the diagnosis must not change the run"
+
+
+def test_early_stop_alone_turns_a_nan_loss_into_a_clean_stop():
+    args = ("train", "--optimizer", "sgd", "--lr", "1000", "--momentum", "0", "--steps", "200", "--quiet")
+    assert_one_line_error(run(*args), "training diverged: the loss is nan")
+    r = run(*args, "--early-stop", "--json")
+    assert r.returncode == 0, r.stderr
+    es = json.loads(r.stdout)["early_stop"]
+    assert es["stopped"] and es["verdict"] == "failing" and "non-finite training loss" in es["reasons"][0], es
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--diagnose-every", "0"), "diagnose_every must be at least 1"),
+    (("--diagnose-every", "-3"), "diagnose_every must be at least 1"),
+    (("--diagnose-every", "1.5"), "invalid int value"),
+    (("--early-stop", "yes"), "unrecognized arguments"),
+])
+def test_bad_diagnosis_flags_are_one_line_errors(args, words):
+    assert_one_line_error(run("train", "--quiet", *args), words)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((), "diagnose needs --gallery"),
+    (("--gallery", "--steps", "0"), "--steps must be at least 1"),
+    (("--gallery", "--seeds", "0"), "--seeds must be at least 1"),
+    (("--gallery", "--every", "0"), "--every must be at least 1"),
+])
+def test_bad_gallery_flags_are_one_line_errors(args, words):
+    assert_one_line_error(run("diagnose", *args), words)
+
+
+def test_diagnose_gallery_json_and_table():
+    r = run("diagnose", "--gallery", "--steps", "60", "--seeds", "1", "--every", "20", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["runs"]) == 11 and out["summary"]["broken"] == 8 and out["summary"]["healthy"] == 3, out["summary"]
+    row = out["runs"][0]
+    assert {"name", "broken", "flagged", "step", "reasons", "compute_saved", "final_accuracy",
+            "accuracy_at_stop"} <= set(row), row
+    r = run("diagnose", "--gallery", "--steps", "30", "--seeds", "1", "--quiet")
+    assert r.returncode == 0 and r.stdout.startswith("| run | kind | flagged | step fired |"), r.stdout[:200]
+    assert "false positives" in r.stdout
+
+
+def test_demo_writes_the_diagnosis(demo_run):
+    d = json.loads((demo_run / "diagnosis.json").read_text())
+    assert d["verdict"] in ("trustworthy", "failing") and d["every"] == 50 and d["reports"], d.keys()
+    history_head = json.loads((demo_run / "history.jsonl").read_text().split("\n", 1)[0])
+    assert history_head["meta"]["diagnosis"]["verdict"] == d["verdict"], "the dashboard reads it from the history"

@@ -268,3 +268,49 @@ def test_a_plain_loop_gives_every_panel_at_steps_0_to_n_minus_1(tmp_path):
     (ax,) = [ax for ax in fig.axes if ax.get_title(loc="left").startswith("7 ·")]
     assert any("verb labels" in t.get_text() for t in ax.texts)
     save_dashboard(h, tmp_path / "plain.png")
+
+
+# --- issue 10: the dashboard answers its question ----------------------------------------------------------------
+
+def _diagnosed(verdict, fired=(), reasons=()):
+    h = synthetic_history()
+    h.meta["diagnosis"] = {"verdict": verdict, "reasons": list(reasons), "step": fired[0] if fired else None,
+                           "every": 10, "early_stop": False, "fired": [{"step": s, "checks": ["dead_units"]} for s in fired],
+                           "reports": [{"step": s} for s in range(0, 60, 10)]}
+    return h
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_verdict_banner_and_summary_lead_with_the_verdict():
+    failing = _diagnosed("failing", fired=(20, 30), reasons=["dead_units: act2 95% dead", "loss_spike: 12x"])
+    fig = render_dashboard(failing)
+    texts = _texts(fig)
+    assert any(t.startswith("FAILING from step 20") for t in texts), texts
+    assert any("dead_units: act2 95% dead" in t for t in texts)
+    assert summary_lines(failing)[0].startswith("FAILING from step 20")
+    healthy = _diagnosed("trustworthy")
+    assert summary_lines(healthy)[0].startswith("HEALTHY: no check fired")
+    assert any(t.startswith("HEALTHY") for t in _texts(render_dashboard(healthy)))
+    plain = synthetic_history()
+    assert summary_lines(plain)[0].startswith("not diagnosed"), "no verdict is better than a made-up one"
+
+
+def test_markers_on_every_panel_over_training_steps():
+    fig = render_dashboard(_diagnosed("failing", fired=(20, 30), reasons=["x"]))
+    marked = [ax for ax in fig.axes if any(l.get_gid() == "diagnosis/fired" for l in ax.lines)]
+    assert len(marked) == 11, len(marked)        # loss, 4 activations, 2 gradients, updates, spectral, units, per-class
+    for ax in marked:
+        xs = sorted(l.get_xdata()[0] for l in ax.lines if l.get_gid() == "diagnosis/fired")
+        assert xs == [20, 30], xs
+    assert not any(l.get_gid() == "diagnosis/fired" for ax in render_dashboard(_diagnosed("trustworthy")).axes
+                   for l in ax.lines)
+
+
+def test_a_malformed_diagnosis_is_ignored():
+    h = synthetic_history()
+    h.meta["diagnosis"] = {"verdict": "probably fine", "fired": [{"step": "x"}]}
+    assert summary_lines(h)[0].startswith("not diagnosed")
+    render_dashboard(h)

@@ -1,4 +1,5 @@
 "The training loop: reproducibility, configuration errors, learning, observers, BLAS threads."
+import json
 import math
 import os
 import re
@@ -261,3 +262,79 @@ def test_default_run_learns():
     assert r.accuracy["regular_val"] >= 0.80, r.accuracy
     assert r.accuracy["irregular_train"] >= 0.90, r.accuracy
     assert r.history["loss"][-1] < 0.1
+
+
+# --- issue 10: stopping a run cleanly at an observer's request ---------------------------------------------------
+
+class _StopAfter:
+    "Asks to stop in after_step(at): steps 0..at run, then the loop ends."
+
+    def __init__(self, at, verdict="failing"):
+        self.at, self.verdict, self.events = at, verdict, []
+
+    def begin_run(self, run):
+        self.control = run.control
+
+    def after_step(self, step, loss):
+        self.events.append(("after", step, math.isfinite(loss)))
+        if step == self.at:
+            self.control.request_stop([f"enough at {step}"], verdict=self.verdict)
+
+    def end_run(self):
+        self.events.append(("end",))
+
+
+def test_stop_requested_in_after_step_ends_after_that_step():
+    obs = _StopAfter(4)
+    r = train(TrainConfig(steps=10, progress=False), observers=[obs])
+    assert r.history["step"] == [0, 1, 2, 3, 4] and obs.events[-1] == ("end",)
+    es = r.early_stop
+    assert (es.stopped, es.step, es.reasons) == (True, 5, ["enough at 4"])
+    assert es.compute_saved["steps"] == 5 and es.compute_saved["share"] == 0.5
+    assert json.loads(json.dumps(es.to_dict(), allow_nan=False))["stopped"] is True
+
+
+def test_a_stop_asked_after_the_last_step_saves_nothing_and_is_not_an_early_stop():
+    r = train(TrainConfig(steps=3, progress=False), observers=[_StopAfter(2)])
+    assert len(r.history["step"]) == 3
+    assert (r.early_stop.stopped, r.early_stop.verdict) == (False, "failing")
+
+
+def test_a_stop_before_the_first_step_has_no_step_time_to_estimate_seconds():
+    class AtOnce:
+        def begin_run(self, run):
+            run.control.request_stop(["broken from the start"])
+    r = train(TrainConfig(steps=10, progress=False), observers=[AtOnce()])
+    es = r.early_stop
+    assert (es.stopped, es.step, es.compute_saved["share"]) == (True, 0, 1.0)
+    assert math.isnan(es.compute_saved["seconds"]) and es.to_dict()["compute_saved"]["seconds"] is None
+    assert r.history["step"] == []
+
+
+def test_early_stop_on_a_nan_loss_with_no_observer_at_all():
+    config = TrainConfig(steps=50, optimizer="sgd", lr=1e6, momentum=0.9, progress=False, early_stop=True)
+    with np.errstate(all="ignore"):
+        r = train(config)
+    es = r.early_stop
+    assert es.stopped and es.verdict == "failing" and es.step == len(r.history["step"]) < 50, es
+    assert es.reasons == [f"non-finite training loss (nan) at step {es.step}"], es.reasons
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    ({"diagnose_every": 0}, ValueError, "diagnose_every must be at least 1"),
+    ({"diagnose_every": 2.0}, TypeError, "diagnose_every must be an integer"),
+    ({"early_stop": 1}, TypeError, "early_stop must be True or False"),
+    ({"early_stop": None}, TypeError, "early_stop must be True or False"),
+])
+def test_bad_early_stop_settings(kw, error, words):
+    with pytest.raises(error, match=words):
+        TrainConfig(**kw)
+
+
+def test_run_control_rejects_bad_verdicts_and_reasons():
+    control = train_module.RunControl()
+    with pytest.raises(ValueError, match="a verdict is one of"):
+        control.request_stop(["x"], verdict="bad")
+    with pytest.raises(TypeError, match="not a single string"):
+        control.report("failing", "one string")
+    assert not control.stop_requested
