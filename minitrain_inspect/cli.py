@@ -22,6 +22,7 @@ import numpy as np
 
 from . import __version__
 from .stats import atomic_write_text, check_output_path, to_jsonable
+from .overhead import add_overhead_arguments, overhead_command
 from .train import TrainConfig, train
 
 # %% auto #0
@@ -107,12 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--title", default=None, help="title of the figure (default: the one saved in the history)")
 
     o = sub.add_parser("overhead", help="measure the Inspector's overhead on the reference workload",
-                       description="Interleaved benchmark of the reference training with and without the Inspector.")
-    _add_benchmark_flags(o, prefix="")
-    _add_blas_flag(o)
-    o.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    o.add_argument("--out", type=Path, default=None, metavar="FILE",
-                   help="also write the results note (Markdown) to FILE (default: print only)")
+                       description="Interleaved benchmark of the reference training with and without the Inspector "
+                                   "(and, with --against torch, the PyTorch twin with hooks), its physical floor, and "
+                                   "the scaling with width and batch size.")
+    add_overhead_arguments(o)           # the flags live with the benchmark, in 13_overhead
 
     x = sub.add_parser("diagnose", help="measure the diagnosis on a gallery of broken and healthy runs",
                        description="Run the gallery of 15_diagnose: broken and healthy runs, each diagnosed every N "
@@ -314,20 +313,7 @@ def _run_dashboard(args) -> int:
 
 
 def _run_overhead(args) -> int:
-    from minitrain_inspect.overhead import results_markdown, write_results
-    out = None if args.out is None else check_output_path(args.out)
-    _check_benchmark_flags(args.steps, args.repeats, args.widths)
-    TrainConfig(blas_threads=args.blas_threads)                # checks the thread count
-    bench = _benchmark(args.steps, args.repeats, args.widths, args.blas_threads)
-    if out is not None:
-        write_results(bench, out)
-    if args.json:
-        print(json.dumps(to_jsonable(bench), allow_nan=False))
-    else:
-        print(results_markdown(bench))
-    if out is not None:
-        print(f"written to {out}", file=sys.stderr)
-    return 0
+    return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
 
 # %% ../nbs/16_cli.ipynb #29fe37b2
 def _run_diagnose(args) -> int:
