@@ -179,6 +179,7 @@ def train_summary(result) -> dict:
     history = result.history
     out = {
         "steps": result.config.steps,
+        "steps_run": len(history["step"]),
         "final_loss": history["loss"][-1] if history["loss"] else math.nan,
         "final_val_loss": history["val_loss"][-1] if history["val_loss"] else math.nan,
         "accuracy": dict(result.accuracy),
@@ -198,7 +199,8 @@ def train_summary(result) -> dict:
 def _print_train_text(summary: dict) -> None:
     acc = summary["accuracy"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
-    print(f"trained {summary['steps']} steps in {summary['seconds']:.1f} s")
+    run = f"{summary['steps_run']} of {summary['steps']}" if summary["steps_run"] != summary["steps"] else summary["steps"]
+    print(f"trained {run} steps in {summary['seconds']:.1f} s")
     print(f"final loss {fmt(summary['final_loss'])}, held-out loss {fmt(summary['final_val_loss'])}")
     print(f"accuracy: held-out regular {fmt(acc['regular_val'])}, training irregular {fmt(acc['irregular_train'])}, "
           f"held-out irregular {fmt(acc['irregular_val'])}")

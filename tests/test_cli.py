@@ -238,7 +238,7 @@ def test_train_lr5_early_stop_stops_with_a_failing_verdict_and_exits_0():
 def test_train_text_output_reports_the_stop():
     r = run("train", "--lr", "5", "--steps", "300", "--early-stop", "--diagnose-every", "50", "--quiet")
     assert r.returncode == 0, r.stderr
-    assert "stopped early at step 50: failing; saved 250 steps (83% of the run" in r.stdout, r.stdout
+    assert "trained 50 of 300 steps" in r.stdout and "stopped early at step 50: failing; saved 250 steps (83% of the run" in r.stdout, r.stdout
     assert "dead_units" in r.stdout
 
 
