@@ -23,6 +23,7 @@ import numpy as np
 from . import __version__
 from .stats import atomic_write_text, check_output_path, to_jsonable
 from .overhead import add_overhead_arguments, overhead_command
+from .trace import add_trace_arguments, trace_command
 from .train import TrainConfig, train
 
 # %% auto #0
@@ -112,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(and, with --against torch, the PyTorch twin with hooks), its physical floor, and "
                                    "the scaling with width and batch size.")
     add_overhead_arguments(o)           # the flags live with the benchmark, in 13_overhead
+
+    r = sub.add_parser("trace", help="trace training steps layer by layer and find the first drift from a reference",
+                       description="Trace training steps probe by probe (forward outputs, gradients at each layer's "
+                                   "output, parameter gradients, the optimiser step), against the PyTorch twin or "
+                                   "minitrain in float64; print the table and the first drift. Exit 0 when nothing "
+                                   "drifts, 1 when something does.")
+    add_trace_arguments(r)              # the flags live with the trace, in 14_trace
 
     x = sub.add_parser("diagnose", help="measure the diagnosis on a gallery of broken and healthy runs",
                        description="Run the gallery of 15_diagnose: broken and healthy runs, each diagnosed every N "
@@ -344,7 +352,7 @@ def _run_diagnose(args) -> int:
 
 
 COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead,
-            "diagnose": _run_diagnose}
+            "trace": trace_command, "diagnose": _run_diagnose}
 
 
 def main(argv=None) -> int:
