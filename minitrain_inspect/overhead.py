@@ -218,6 +218,18 @@ class FastaiHooks(TorchWatcher):
         self.step += 1
 
 # %% ../nbs/13_overhead.ipynb #9db4c04d
+def _two_pass(flat) -> tuple:
+    "(n, mean, M2, min, max) of a 1-D tensor: the mean accumulated in float64, then squared deviations summed in float64."
+    torch = require_torch()
+    mean = flat.mean(dtype=torch.float64)
+    centre = mean.to(flat.dtype)                     # deviations in the tensor's own precision: no float64 copy
+    lo, hi = torch.aminmax(flat)
+    s2 = (flat - centre).square_().sum(dtype=torch.float64)
+    m, c, s, a, b = torch.stack((mean, centre.double(), s2, lo.double(), hi.double())).tolist()
+    n = flat.numel()
+    return (n, m, max(s - n * (m - c) ** 2, 0.0), a, b)   # sum (x-c)^2 = M2 + n (mean-c)^2, exactly
+
+
 def torch_moments(x) -> tuple:
     "(n, mean, M2, min, max, nonfinite) of the finite values of tensor `x`, as Python numbers; M2 accumulated in double."
     torch = require_torch()
@@ -226,19 +238,13 @@ def torch_moments(x) -> tuple:
     if size == 0:
         return (0, math.nan, 0.0, math.inf, -math.inf, 0)
     ### BEGIN SOLUTION
-    var, mean = torch.var_mean(flat, correction=0)
-    lo, hi = torch.aminmax(flat)
-    v, m, a, b = torch.stack((var, mean, lo, hi)).tolist()
-    if all(map(math.isfinite, (v, m, a, b))):
-        return (size, m, v * size, a, b, 0)
-    finite = flat[torch.isfinite(flat)].double()   # NaN or inf somewhere (or a float32 variance that overflowed)
-    n = finite.numel()
-    if n == 0:
+    n, mean, m2, lo, hi = _two_pass(flat)
+    if all(map(math.isfinite, (mean, m2, lo, hi))):
+        return (n, mean, m2, lo, hi, 0)
+    finite = flat[torch.isfinite(flat)].double()   # NaN or inf somewhere (or float32 squares that overflowed)
+    if finite.numel() == 0:
         return (0, math.nan, 0.0, math.inf, -math.inf, size)
-    var, mean = torch.var_mean(finite, correction=0)
-    lo, hi = torch.aminmax(finite)
-    v, m, a, b = torch.stack((var, mean, lo, hi)).tolist()
-    return (n, m, v * n, a, b, size - n)
+    return _two_pass(finite) + (size - finite.numel(),)
     ### END SOLUTION
 
 
