@@ -713,6 +713,8 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
     (panel 4); just after it, the update ratios and the end of the Inspector's step."""
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"register_optimizer needs an Optimizer, got {type(optimizer).__name__}")
+    if self._optimizer_hooked:   # each optimiser's step would end a step: two would count every step twice
+        raise ValueError("this Inspector already watches an optimizer; it counts steps by one optimizer's steps")
     updates, gradients, history = self.panels["updates"], self.panels["gradients"], self.history
     updated = {id(p) for p in optimizer.params}
     self._update_params = [(n, p) for n, p in self.params if id(p) in updated]

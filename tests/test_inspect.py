@@ -758,3 +758,12 @@ def test_fast_and_exact_inspectors_agree():
         for field in ("var", "l2"):
             if exact[field]:
                 assert fast[field] == pytest.approx(exact[field], rel=5e-6), (name, field)
+
+
+def test_a_second_optimizer_is_refused_not_double_counted():
+    m = _mlp()
+    p = m.parameters()
+    opt1, opt2 = SGD(p[:2], lr=0.1), SGD(p[2:], lr=0.1)
+    inspector = Inspector(m, optimizer=opt1).attach()
+    with pytest.raises(ValueError, match="already watches an optimizer"):
+        inspector.register_optimizer(opt2)
