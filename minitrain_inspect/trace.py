@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import json
 import math
+import os
+import re
+import shutil
+import signal
 import statistics
 import sys
+import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import asdict
@@ -32,15 +39,17 @@ from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, r
                                     to_numpy_layout, to_torch, torch_available, torch_loss, torch_optimizer)
 
 # %% auto #0
-__all__ = ['PHASES', 'TRACE_FORMAT', 'TRACE_VERSION', 'DEFAULT_TOLERANCES', 'COMPARE_WITH', 'FLOAT32_UNIT_ROUNDOFF', 'TraceEvent',
-           'as_sink', 'TraceBuffer', 'Trace', 'Tracer', 'minitrain_step', 'build_run', 'save_trace', 'load_trace',
-           'tolerances', 'entry_errors', 'written_by', 'Comparison', 'compare_traces', 'MaskedDropout',
-           'minitrain_copy', 'copy_optimizer', 'MinitrainReference', 'TorchReference', 'make_reference',
-           'resynced_step', 'trace_pair', 'sweep_batches', 'Sweep', 'sweep', 'compare_rounding', 'trace_cost',
-           'add_trace_arguments', 'run_trace', 'trace_command']
+__all__ = ['PHASES', 'TRACE_FORMAT', 'TRACE_VERSION', 'DEFAULT_TOLERANCES', 'RESYNC_NOTE', 'COMPARE_WITH',
+           'FLOAT32_UNIT_ROUNDOFF', 'TraceEvent', 'as_sink', 'TraceBuffer', 'Trace', 'Tracer', 'minitrain_step',
+           'build_run', 'save_trace', 'load_trace', 'tolerances', 'nonfinite_split', 'entry_errors', 'written_by',
+           'Comparison', 'judged_pair', 'compare_traces', 'MaskedDropout', 'minitrain_copy', 'copy_optimizer',
+           'shadow_optimizer', 'shadow_update', 'MinitrainReference', 'TorchReference', 'make_reference',
+           'resynced_step', 'trace_pair', 'sweep_batches', 'Sweep', 'sweep', 'rounding_ratio', 'compare_rounding',
+           'trace_cost', 'add_trace_arguments', 'run_trace', 'trace_command']
 
 # %% ../nbs/14_trace.ipynb #b5997d6a
-PHASES = ("batch", "forward", "loss", "loss_grad", "act_grad", "param_grad", "param_before", "param_after")
+PHASES = ("batch", "forward", "loss", "loss_grad", "act_grad", "param_grad", "param_before", "param_after",
+          "param_resync")
 
 
 class TraceEvent(NamedTuple):
@@ -85,8 +94,11 @@ def _check_event(event, where: str) -> TraceEvent:
         raise ValueError(f"{where}: probe must be a non-empty string, got {event.probe!r}")
     if event.phase not in PHASES:
         raise ValueError(f"{where}: phase must be one of {PHASES}, got {event.phase!r}")
-    if not isinstance(event.value, np.ndarray) or event.value.dtype.kind not in "fiub":
+    if not isinstance(event.value, np.ndarray):
         raise TypeError(f"{where}: value must be a numeric NumPy array, got {type(event.value).__name__}")
+    if event.value.dtype.kind not in "fiub":
+        raise TypeError(f"{where}: value must be a numeric NumPy array (float, int, unsigned or bool), "
+                        f"got an array of dtype {event.value.dtype}")
     return event
 
 
@@ -298,6 +310,8 @@ class Tracer(_TracerHooks, _TracerWiring):
 
     def __init__(self, sink, *, steps: Iterable[int] | None = None):
         self.sink = as_sink(sink)
+        if steps is not None and (isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable)):
+            raise TypeError(f"steps must be None or an iterable of step numbers (a list, set or range), got {steps!r}")
         self.steps = None if steps is None else frozenset(_step_number(s) for s in steps)
         self.step = 0
         self.graph: dict[str, str] = {}   # probe -> the probe its input came from ("inputs" for the batch)
@@ -337,7 +351,7 @@ def minitrain_step(model: Module, loss_fn: Module, optimizer: Optimizer, inputs:
     logits = model(inputs)
     loss = loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss
     if not math.isfinite(loss):
-        raise FloatingPointError(f"the loss is {loss}")
+        raise FloatingPointError(f"loss is {loss}")
     model.backprop(loss_fn.backward().reshape(logits.shape))
     optimizer.step()
     return loss
@@ -397,6 +411,8 @@ def _checked_entry(entry, arrays, where: str) -> TraceEvent:
         dtype = np.dtype(entry["dtype"])
     except TypeError:
         raise ValueError(f"{where}: dtype {entry['dtype']!r} is not a NumPy dtype") from None
+    if dtype.kind not in "fiub":
+        raise ValueError(f"{where}: dtype {dtype} is not numeric (a trace holds float, int, unsigned or bool arrays)")
     if not isinstance(entry["key"], str) or entry["key"] not in arrays:
         raise ValueError(f"{where}: array {entry['key']!r} is missing from the .npz file")
     value = arrays[entry["key"]]
@@ -469,6 +485,21 @@ def tolerances(dtype, rtol: float | None = None, atol: float | None = None) -> t
     return out[0], out[1]
 
 # %% ../nbs/14_trace.ipynb #5a60826d
+def nonfinite_split(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Masks `(finite, mismatched)` of two same-shape arrays: positions where both are finite, and positions where a NaN
+    or an infinity is not matched by the same on the other side (NaN with NaN, `inf` with `inf` of the same sign)."""
+    finite = np.isfinite(a) & np.isfinite(b)
+    with np.errstate(invalid="ignore"):
+        agree = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    return finite, ~finite & ~agree
+
+
+def _norm(x: np.ndarray) -> float:
+    "The 2-norm of finite float64 `x`, scaled by its largest magnitude so squaring cannot overflow."
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    return 0.0 if top == 0 else top * float(np.sqrt(np.sum(np.square(x / top))))
+
+
 def entry_errors(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict:
     "`max_abs`, `max_rel`, `norm_rel` and the `assert_close` `ratio` of `a` against reference `b`."
     a, b = np.asarray(a), np.asarray(b)
@@ -478,16 +509,16 @@ def entry_errors(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict
     a, b = a.astype(np.float64), b.astype(np.float64)
     if a.size == 0:
         return {"max_abs": 0.0, "max_rel": 0.0, "norm_rel": 0.0, "ratio": 0.0}
-    diff = np.abs(a - b)
-    both_nan = np.isnan(a) & np.isnan(b)
-    diff = np.where(both_nan | (a == b), 0.0, np.where(np.isnan(diff), np.inf, diff))
-    size = np.abs(np.where(np.isnan(b), 0.0, b))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    finite, mismatched = nonfinite_split(a, b)
+    if mismatched.any():
+        return {"max_abs": math.inf, "max_rel": math.inf, "norm_rel": math.inf, "ratio": math.inf}
+    diff = np.where(finite, np.abs(np.where(finite, a, 0.0) - np.where(finite, b, 0.0)), 0.0)
+    size = np.where(finite, np.abs(np.where(finite, b, 0.0)), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rel = np.where(diff == 0, 0.0, diff / size)
         ratio = np.where(diff == 0, 0.0, diff / (atol + rtol * size))
-        norm_b = float(np.sqrt(np.sum(np.square(size))))
-        norm_d = float(np.sqrt(np.sum(np.square(diff))))
-        norm_rel = 0.0 if norm_d == 0 else (norm_d / norm_b if norm_b > 0 else math.inf)
+    norm_b, norm_d = _norm(size), _norm(diff)
+    norm_rel = 0.0 if norm_d == 0 else (norm_d / norm_b if norm_b > 0 else math.inf)
     return {"max_abs": float(diff.max()), "max_rel": float(rel.max()), "norm_rel": norm_rel,
             "ratio": float(ratio.max())}
     ### END SOLUTION
@@ -508,8 +539,10 @@ def written_by(probe: str, phase: str, graph: dict) -> str:
 class Comparison:
     "The rows of `compare_traces` (one per step, probe and phase, in trace `a`'s order) and the first drift."
 
-    def __init__(self, rows: list[dict], rtol: float, atol: float):
+    def __init__(self, rows: list[dict], rtol: float, atol: float, *, criterion: str = "assert_close",
+                 multiplier: float | None = None):
         self.rows, self.rtol, self.atol = rows, rtol, atol
+        self.criterion, self.multiplier = criterion, multiplier   # how rows were judged, and the rounding multiple
         self.first_drift = next((r for r in rows if r["drift"]), None)
 
     @property
@@ -521,7 +554,8 @@ class Comparison:
         "A JSON-ready dict: `first_drift` (`{step, probe, phase, max_abs, max_rel, written_by}` or None), `rows`, tolerances."
         fd = self.first_drift
         first = None if fd is None else {k: fd[k] for k in ("step", "probe", "phase", "max_abs", "max_rel", "written_by")}
-        return to_jsonable({"first_drift": first, "rtol": self.rtol, "atol": self.atol, "rows": self.rows})
+        return to_jsonable({"first_drift": first, "criterion": self.criterion, "rtol": self.rtol, "atol": self.atol,
+                            "multiplier": self.multiplier, "rows": self.rows})
 
     def table(self, rows: list[dict] | None = None) -> str:
         "The rows as a fixed-width text table, the first drift marked `<< first drift`."
@@ -541,6 +575,28 @@ class Comparison:
         return f"Comparison({len(self.rows)} rows, {where})"
 
 # %% ../nbs/14_trace.ipynb #5009d65e
+RESYNC_NOTE = "judged on the optimiser's step from the reference's parameters and gradients (param_resync)"
+
+
+def judged_pair(a: Trace, b: Trace, key) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """The arrays row `key` of `a` against reference `b` is judged on, and a note: `a[key]` and `b[key]`, except that a
+    free-running `param_after` is judged through `a`'s `param_resync` (see above); a shape mismatch is noted."""
+    step, probe, phase = key
+    got, note = a[key], None
+    if phase == "param_after" and (step, probe, "param_resync") in a:
+        got, note = a[step, probe, "param_resync"], RESYNC_NOTE
+    ref = b[key]
+    if got.shape != ref.shape:
+        note = f"shapes differ: {list(got.shape)} against the reference's {list(ref.shape)}"
+    return got, ref, note
+
+
+def _row_keys(a: Trace, b: Trace) -> list[tuple]:
+    "Every (step, probe, phase) of `a` in order, then those only in `b`; `param_resync` probes feed rows, not make them."
+    keys = a.keys() + [k for k in b.keys() if k not in a]
+    return [k for k in keys if k[2] != "param_resync"]
+
+# %% ../nbs/14_trace.ipynb #6fe472ad
 def compare_traces(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None = None,
                    dtype=None) -> Comparison:
     "Compare trace `a` against reference `b` entry by entry, in `a`'s order; see `Comparison`."
@@ -552,15 +608,20 @@ def compare_traces(a: Trace, b: Trace, *, rtol: float | None = None, atol: float
     rtol, atol = tolerances(dtype, rtol, atol)
     graph = a.meta.get("graph") or b.meta.get("graph") or {}
     rows = []
-    for key in a.keys() + [k for k in b.keys() if k not in a]:
+    for key in _row_keys(a, b):
         step, probe, phase = key
         row = {"step": step, "probe": probe, "phase": phase, "written_by": written_by(probe, phase, graph)}
         if key in a and key in b:
-            row.update(shape=list(a[key].shape), **entry_errors(a[key], b[key], rtol, atol))
-            row["drift"], row["missing"] = row["ratio"] > 1, None
+            got, ref, note = judged_pair(a, b, key)
+            row.update(shape=list(got.shape), **entry_errors(got, ref, rtol, atol))
+            row["drift"], row["missing"], row["note"] = row["ratio"] > 1, None, note
+            if note == RESYNC_NOTE:   # keep the trajectory's own error too, for the reader
+                free = entry_errors(a[key], b[key], rtol, atol)
+                row["free_running"] = {k: free[k] for k in ("max_abs", "max_rel", "norm_rel")}
         else:
             row.update(shape=list((a[key] if key in a else b[key]).shape), max_abs=None, max_rel=None,
-                       norm_rel=None, ratio=None, drift=True, missing="b" if key in a else "a")
+                       norm_rel=None, ratio=None, drift=True, missing="b" if key in a else "a",
+                       note=f"only in trace {'a' if key in a else 'b'}")
         rows.append(row)
     return Comparison(rows, rtol, atol)
 
@@ -627,13 +688,23 @@ def minitrain_copy(model: Module, dtype="float64", _memo: dict | None = None) ->
     return new
 
 
+def _optimizer_param_names(optimizer: Optimizer, model: Module) -> list[str]:
+    "The name in `model` of each of `optimizer`'s parameters; `ValueError` if one is not the model's."
+    names = {id(p): n for n, p in model.named_parameters()}
+    missing = [i for i, p in enumerate(optimizer.params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"the optimiser's parameters {missing[:5]} (by position) are not parameters of the model: "
+                         "build the optimiser over model.parameters()")
+    return [names[id(p)] for p in optimizer.params]
+
+
 def copy_optimizer(optimizer: Optimizer, model: Module, copy: Module) -> Optimizer:
     "An optimiser like `optimizer` (SGD or Adam, same settings and state) over `copy`'s parameters, paired by name."
     if not isinstance(optimizer, (SGD, Adam)):
         raise TypeError(f"the trace supports SGD and Adam optimisers, got {type(optimizer).__name__}")
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = _optimizer_param_names(optimizer, model)
     targets = dict(copy.named_parameters())
-    params = [targets[names[id(p)]] for p in optimizer.params]
+    params = [targets[n] for n in names]
     cast = lambda arrays: [np.asarray(a, dtype=p.dtype).copy() for a, p in zip(arrays, params)]
     if isinstance(optimizer, SGD):
         new = SGD(params, lr=optimizer.lr, momentum=optimizer.momentum)
@@ -644,6 +715,28 @@ def copy_optimizer(optimizer: Optimizer, model: Module, copy: Module) -> Optimiz
         new.m, new.s = cast(optimizer.m), cast(optimizer.s)
     new.steps = optimizer.steps
     return new
+
+# %% ../nbs/14_trace.ipynb #9f1d48ce
+def shadow_optimizer(optimizer: Optimizer, model: Module) -> tuple[Optimizer, dict]:
+    """A hook-free clone of `optimizer` (same class, settings and state, deep-copied) over fresh copies of its parameters;
+    returns it and `{parameter name: fresh Parameter}`. Stepping it changes nothing of the original."""
+    names = _optimizer_param_names(optimizer, model)
+    fresh = {n: Parameter(p.data.copy()) for n, p in zip(names, optimizer.params)}
+    clone = object.__new__(type(optimizer))
+    state = {k: v for k, v in vars(optimizer).items() if k not in ("params", "_step_pre_hooks", "_step_post_hooks")}
+    clone.__dict__.update(copy.deepcopy(state))
+    clone.params, clone.updates = list(fresh.values()), None
+    clone._step_pre_hooks, clone._step_post_hooks, clone._stepping = {}, {}, False
+    return clone, fresh
+
+
+def shadow_update(shadow: Optimizer, fresh: dict, ref: dict) -> dict:
+    "Step `shadow` from the reference's `param_before` and `param_grad` (`ref[(name, phase)]`); `{name: parameter after}`."
+    for name, p in fresh.items():
+        p.data[...] = ref[name, "param_before"]
+        p.grad[...] = ref[name, "param_grad"]
+    shadow.step()
+    return {name: p.data.copy() for name, p in fresh.items()}
 
 # %% ../nbs/14_trace.ipynb #7d7239a4
 class MinitrainReference:
@@ -821,12 +914,33 @@ def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: in
     return ev
 
 # %% ../nbs/14_trace.ipynb #8b04eb3f
+def _check_training_mode(model: Module) -> None:
+    if not isinstance(model, Module):
+        raise TypeError(f"trace_pair needs a minitrain Module, got {type(model).__name__}")
+    in_eval = [n or "the model" for n, m in model.named_modules() if not m.training]
+    if in_eval:
+        raise ValueError(f"cannot trace a training step in evaluation mode ({', '.join(in_eval[:3])} in eval mode): "
+                         "the tracer records training-mode passes only; call model.train() first")
+
+
+@contextlib.contextmanager
+def _diverged_at(step: int, whose: str = "the "):
+    "Re-raise a non-finite loss as one `FloatingPointError` naming `step` (kept on the error as `.step`, `.detail`)."
+    try:
+        yield
+    except FloatingPointError as exc:
+        err = FloatingPointError(f"training diverged at step {step}: {whose}{exc}")
+        err.step, err.detail = step, f"{whose}{exc}"
+        raise err from None
+
+# %% ../nbs/14_trace.ipynb #33a0ce10
 def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compare: str = "float64",
                resync: bool = False, loss_fn: Module | None = None, ref_dtype=None,
                meta: dict | None = None) -> tuple[Trace, Trace]:
     """Trace `model` and a reference (`compare`) over `batches`, free-running or re-synced; returns `(trace, reference)`.
     The reference computes in `ref_dtype`: by default float64 for `compare="float64"`, the model's dtype for `"torch"`."""
     loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
+    _check_training_mode(model)
     dtype = str(model.parameters()[0].dtype)
     ref_dtype = ("float64" if compare == "float64" else dtype) if ref_dtype is None else ref_dtype
     ref = make_reference(compare, model, optimizer, loss_fn, ref_dtype)
@@ -836,16 +950,23 @@ def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compar
         inputs, targets = _batch_arrays(batch)
         if not resync:
             tracer.step = k
-            with record_masks(model) as masks, tracer.attach(model, loss_fn, optimizer):
+            shadow, fresh = shadow_optimizer(optimizer, model)   # the optimiser's state before this step
+            with _diverged_at(k), record_masks(model) as masks, tracer.attach(model, loss_fn, optimizer):
                 minitrain_step(model, loss_fn, optimizer, inputs, targets)
-            ref_events += ref.step(k, inputs, targets, masks)
+            with _diverged_at(k, "the reference's "):
+                step_events = ref.step(k, inputs, targets, masks)
+            ref_events += step_events
+            after = shadow_update(shadow, fresh, {(e.probe, e.phase): e.value for e in step_events})
+            buf.events += [TraceEvent(k, name, "param_resync", value) for name, value in after.items()]
             graph = tracer.graph
             continue
         masks, graph, terminals = _graph_pass(model, loss_fn, inputs, targets)
-        step_events = ref.step(k, inputs, targets, masks)
+        with _diverged_at(k, "the reference's "):
+            step_events = ref.step(k, inputs, targets, masks)
         ref_events += step_events
-        got = resynced_step(model, loss_fn, optimizer, k, inputs, targets,
-                            {(e.probe, e.phase): e.value for e in step_events}, graph, terminals)
+        with _diverged_at(k):
+            got = resynced_step(model, loss_fn, optimizer, k, inputs, targets,
+                                {(e.probe, e.phase): e.value for e in step_events}, graph, terminals)
         order = [(e.probe, e.phase) for e in step_events]
         buf.events += [TraceEvent(k, p, ph, got[p, ph]) for p, ph in order if (p, ph) in got]
         buf.events += [TraceEvent(k, p, ph, v) for (p, ph), v in got.items() if (p, ph) not in set(order)]
@@ -923,7 +1044,12 @@ def sweep(config: TrainConfig, *, compare: str = "float64", batches: int = 1, st
         for i, group in enumerate(groups):
             model, optimizer, loss_fn = build_run(config)
             meta = {"config": asdict(config), "seed": config.seed, "batch": i}
-            a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta)
+            try:
+                a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta)
+            except FloatingPointError as exc:
+                if not hasattr(exc, "step"):
+                    raise
+                raise FloatingPointError(f"training diverged at batch {i}, step {exc.step}: {exc.detail}") from None
             comparisons.append(compare_traces(a, b, rtol=rtol, atol=atol))
             traces.append((a, b))
     return Sweep(comparisons, traces)
@@ -942,24 +1068,42 @@ FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
 
 def _rms(x: np.ndarray) -> float:
     x = np.asarray(x, dtype=np.float64)
-    return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
+    return _norm(x) / math.sqrt(x.size) if x.size else 0.0
 
 
-def compare_rounding(a: Trace, b: Trace, *, multiplier: float = 20.0) -> Comparison:
-    "Compare float32 trace `a` with float64 reference `b`: a row drifts when its rounding ratio exceeds `multiplier`."
+def rounding_ratio(got: np.ndarray, ref: np.ndarray) -> float:
+    """rms(got - ref) / (u32 rms(ref)) over the positions where both are finite; `inf` when the shapes differ or a NaN or
+    infinity is not matched by the same on the other side (same NaN positions and same signed infinities agree)."""
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if got.shape != ref.shape:
+        return math.inf
+    finite, mismatched = nonfinite_split(got, ref)
+    if mismatched.any():
+        return math.inf
+    err, expected = _rms(got[finite] - ref[finite]), FLOAT32_UNIT_ROUNDOFF * _rms(ref[finite])
+    return 0.0 if err == 0 else (err / expected if expected > 0 else math.inf)
+
+
+def _check_multiplier(multiplier) -> float:
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0 \
             or not math.isfinite(multiplier):
         raise ValueError(f"multiplier must be a positive finite number, got {multiplier!r}")
-    comp = compare_traces(a, b, dtype="float32")
+    return float(multiplier)
+
+
+def compare_rounding(a: Trace, b: Trace, *, multiplier: float = 20.0, atol: float | None = None) -> Comparison:
+    """Compare float32 trace `a` with float64 reference `b`: a row drifts when its rounding ratio exceeds `multiplier`
+    and its largest absolute error exceeds `atol` (default `multiplier * 2**-24`, the rounding bound of a unit value)."""
+    multiplier = _check_multiplier(multiplier)
+    comp = compare_traces(a, b, dtype="float32", atol=multiplier * FLOAT32_UNIT_ROUNDOFF if atol is None else atol)
     for r in comp.rows:
         if r["missing"] is not None:
             continue
-        key = (r["step"], r["probe"], r["phase"])
-        err, expected = _rms(a[key].astype(np.float64) - b[key]), FLOAT32_UNIT_ROUNDOFF * _rms(b[key])
-        nan = bool(np.isnan(a[key]).any() != np.isnan(b[key]).any())
-        r["rounding_ratio"] = math.inf if nan or (err > 0 and expected == 0) else (err / expected if err else 0.0)
-        r["drift"] = r["rounding_ratio"] > multiplier
-    return Comparison(comp.rows, comp.rtol, comp.atol)
+        got, ref, _ = judged_pair(a, b, (r["step"], r["probe"], r["phase"]))
+        r["rounding_ratio"] = rounding_ratio(got, ref)
+        r["drift"] = r["rounding_ratio"] > multiplier and r["max_abs"] > comp.atol
+    return Comparison(comp.rows, multiplier * FLOAT32_UNIT_ROUNDOFF, comp.atol, criterion="float32 rounding",
+                      multiplier=multiplier)
 
 # %% ../nbs/14_trace.ipynb #a2ae39d3
 def trace_cost(config: TrainConfig | None = None, repeats: int = 7) -> dict:
@@ -996,10 +1140,12 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--resync", action="store_true", help="feed every layer the reference's input (no inherited error)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the traces and comparison.json")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: assert_close's for the dtype)")
-    p.add_argument("--atol", type=float, default=None, help="absolute floor (default: assert_close's for the dtype)")
-    p.add_argument("--multiplier", type=float, default=20.0,
-                   help="float32 against --compare float64: allowed multiple of float32 rounding (default 20)")
+    p.add_argument("--rtol", type=float, default=None,
+                   help="relative tolerance (default: assert_close's for the dtype; not for float32 against float64)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="absolute floor (default: assert_close's for the dtype; float32 against float64: multiplier * 2**-24)")
+    p.add_argument("--multiplier", type=float, default=None,
+                   help="float32 against --compare float64 only: allowed multiple of float32 rounding (default 20)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"examples per step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer, help="adam or sgd (default adam)")
@@ -1022,40 +1168,130 @@ def _trace_config(args) -> TrainConfig:
                        blas_threads=get("blas_threads"), progress=False)
 
 
-def run_trace(args) -> tuple[dict, Sweep]:
-    "The work of `trace_command`: check, sweep, write the files; returns the JSON report and the sweep."
-    config = _trace_config(args)
+_RUN_FILE = re.compile(r"comparison\.json|(minitrain|float64|torch)-b\d+\.(npz|json)")
+
+
+def _check_out_folder(out: Path) -> Path:
+    "`out` resolved, if a trace run may be published there (new, empty, or a previous run's); ValueError otherwise."
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if out == Path.cwd().resolve() or out in Path.cwd().resolve().parents:
+        raise ValueError(f"--out {out} is the current folder or contains it; name a folder for the run")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if not _RUN_FILE.fullmatch(p.name))
+        if foreign:
+            raise ValueError(f"--out {out} holds files that are not a trace run's ({', '.join(foreign[:3])}); it would "
+                             "be replaced as a whole: name a new or empty folder")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write to folder {existing}")
+    return out
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _publish_folder(staging: Path, out: Path) -> None:
+    "Replace `out` by `staging` (two renames and a removal, Ctrl-C deferred): `out` is the new run or the previous one."
+    with _sigint_deferred():
+        aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
+        try:
+            if out.exists():
+                os.rename(out, aside / "run")
+            try:
+                os.rename(staging, out)
+            except BaseException:
+                if (aside / "run").exists():
+                    os.rename(aside / "run", out)
+                raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def _sweep_options(args, config: TrainConfig) -> dict:
+    "The checked comparison options of `args`: compare, batches, steps, resync, rtol, atol, multiplier, rounding."
     if args.compare not in COMPARE_WITH:
         raise ValueError(f"--compare must be one of {COMPARE_WITH}, got {args.compare!r}")
     if args.compare == "torch" and not torch_available():
         raise TorchMissingError(f"--compare torch needs PyTorch: {INSTALL_HINT}")
-    tolerances(config.dtype, getattr(args, "rtol", None), getattr(args, "atol", None))
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    check_output_path(out / "comparison.json")
-    result = sweep(config, compare=args.compare, batches=args.batches, steps=args.steps, resync=bool(args.resync),
-                   rtol=getattr(args, "rtol", None), atol=getattr(args, "atol", None))
+    rtol, atol, multiplier = (getattr(args, n, None) for n in ("rtol", "atol", "multiplier"))
     rounding = args.compare == "float64" and config.dtype == "float32"
-    if rounding:   # float32 against float64: judged against float32 rounding, as PyTorch's accuracy checker does
-        result = Sweep([compare_rounding(a, b, multiplier=getattr(args, "multiplier", 20.0)) for a, b in result.traces],
-                       result.traces)
-    for i, (a, b) in enumerate(result.traces):
-        save_trace(a, out, f"minitrain-b{i:02d}")
-        save_trace(b, out, f"{args.compare}-b{i:02d}")
-    fd = result.first_drift
-    report = to_jsonable({
-        "first_drift": None if fd is None else {k: fd[k] for k in ("probe", "phase", "max_abs", "max_rel", "step",
-                                                                    "batch", "written_by")},
-        "rows": result.rows, "param_grads": result.param_grad_summary(), "compare": args.compare,
-        "dtype": config.dtype, "mode": "resync" if args.resync else "free", "batches": args.batches,
-        "steps": args.steps, "criterion": "float32 rounding" if rounding else "assert_close",
-        "rtol": result.comparisons[0].rtol, "atol": result.comparisons[0].atol, "config": asdict(config)})
-    atomic_write_text(out / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
+    if rounding and rtol is not None:
+        raise ValueError("--rtol does not apply to float32 against --compare float64, which is judged against float32 "
+                         "rounding: set --multiplier (and --atol for the absolute floor)")
+    if not rounding and multiplier is not None:
+        raise ValueError("--multiplier applies only to float32 against --compare float64; "
+                         "set --rtol and --atol for this comparison")
+    multiplier = _check_multiplier(20.0 if multiplier is None else multiplier)
+    if rounding and atol is None:
+        atol = multiplier * FLOAT32_UNIT_ROUNDOFF
+    rtol, atol = tolerances(config.dtype, rtol, atol)
+    return {"compare": args.compare, "batches": _positive_int("batches", args.batches),
+            "steps": _positive_int("steps", args.steps), "resync": bool(args.resync), "rtol": rtol, "atol": atol,
+            "multiplier": multiplier, "rounding": rounding}
+
+
+def run_trace(args) -> tuple[dict, Sweep]:
+    "The work of `trace_command`: check everything, sweep, publish the files in one move; returns the JSON report and the sweep."
+    config = _trace_config(args)
+    opts = _sweep_options(args, config)
+    data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
+                        dtype=config.dtype)
+    sweep_batches(data.train, config.batch_size, opts["batches"], opts["steps"])   # do the batches fit?
+    out = _check_out_folder(Path(args.out))
+    first_missing = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging-"))
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a diverging run is reported once
+            result = sweep(config, compare=opts["compare"], batches=opts["batches"], steps=opts["steps"],
+                           resync=opts["resync"], rtol=opts["rtol"], atol=opts["atol"], data=data)
+        if opts["rounding"]:   # float32 against float64: judged against float32 rounding, as PyTorch's accuracy checker does
+            result = Sweep([compare_rounding(a, b, multiplier=opts["multiplier"], atol=opts["atol"])
+                            for a, b in result.traces], result.traces)
+        for i, (a, b) in enumerate(result.traces):
+            save_trace(a, staging, f"minitrain-b{i:02d}")
+            save_trace(b, staging, f"{args.compare}-b{i:02d}")
+        fd, used = result.first_drift, result.comparisons[0]
+        report = to_jsonable({
+            "first_drift": None if fd is None else {k: fd[k] for k in ("probe", "phase", "max_abs", "max_rel", "step",
+                                                                        "batch", "written_by")},
+            "rows": result.rows, "param_grads": result.param_grad_summary(), "compare": args.compare,
+            "dtype": config.dtype, "mode": "resync" if opts["resync"] else "free", "batches": opts["batches"],
+            "steps": opts["steps"], "criterion": used.criterion, "rtol": used.rtol, "atol": used.atol,
+            "multiplier": used.multiplier, "config": asdict(config)})
+        atomic_write_text(staging / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
+        _publish_folder(staging, out)
+    finally:
+        with _sigint_deferred():
+            shutil.rmtree(staging, ignore_errors=True)
+            if first_missing is not None and not out.exists():   # leave no empty folders behind a failed run
+                for folder in (out.parent, *out.parent.parents):
+                    if folder == first_missing.parent:
+                        break
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
     return report, result
 
 # %% ../nbs/14_trace.ipynb #a9bd6b0f
+def _fmt_error(v) -> str:
+    return "inf" if v is None or not math.isfinite(v) else f"{v:.3e}"
+
+
 def trace_command(args) -> int:
     "Run `minitrain-inspect trace` on parsed `args`; prints the table or JSON; 0 no drift, 1 drift, 2 error (one line)."
     try:
@@ -1067,8 +1303,8 @@ def trace_command(args) -> int:
         print(json.dumps(report, allow_nan=False))
     else:
         print(result.table())
-        fd = report["first_drift"]
+        fd = result.first_drift
         print("first drift: none" if fd is None else
               f"first drift: batch {fd['batch']} step {fd['step']} {fd['probe']} {fd['phase']} (written by "
-              f"{fd['written_by']}): max_abs {fd['max_abs']:.3e}, max_rel {fd['max_rel']:.3e}")
+              f"{fd['written_by']}): max_abs {_fmt_error(fd['max_abs'])}, max_rel {_fmt_error(fd['max_rel'])}")
     return 0 if report["first_drift"] is None else 1
