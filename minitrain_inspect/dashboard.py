@@ -22,11 +22,11 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'moving_average', 'param_layer', 'LayerStyle', 'plot_per_layer', 'draw_loss',
-           'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health',
-           'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps', 'verdict_lines', 'draw_verdict',
-           'mark_fired', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'draw_key', 'render_dashboard',
-           'save_dashboard']
+__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'SPARSE', 'moving_average', 'param_layer', 'LayerStyle', 'sparse_note',
+           'plot_per_layer', 'draw_loss', 'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates',
+           'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps',
+           'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired', 'nonfinite_lines', 'summary_lines',
+           'draw_summary', 'draw_key', 'render_dashboard', 'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -50,6 +50,11 @@ def _message(ax, text: str) -> None:
     "Say in the panel why it holds no curve, rather than leaving it blank."
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.3", fontsize=11, wrap=True)
     ax.set_yticks([])
+
+
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    "'1 step', '3 steps', '1 diagnosis', '2 diagnoses'."
+    return f"{n} {word if n == 1 else plural or word + 's'}"
 
 # %% ../nbs/11_dashboard.ipynb #89b6c301
 HIDDEN_TYPES = ("Dropout",)
@@ -110,15 +115,34 @@ def _nonfinite_marks(ax, steps: np.ndarray, counts: np.ndarray, colour: str) -> 
     return int(bad.size)
 
 
+SPARSE = 5      # a series with fewer points gets a dot at each one
+
+
+def _dots(steps) -> dict:
+    "Plot keywords that put a dot on each point of a series too short to read as a line."
+    return {"marker": "o", "ms": 5} if np.size(steps) < SPARSE else {}
+
+
+def sparse_note(history: History, keys, last_step: int) -> str | None:
+    """If every series in `keys` has fewer than `SPARSE` points while the run went further, a note (for under the
+    step axis) saying which steps were measured and why no more; None when there is nothing to say."""
+    measured = sorted({int(s) for key in keys for s in history.get(key)[0]})
+    if not measured or len(measured) >= SPARSE or measured[-1] >= last_step:
+        return None
+    shown = ", ".join(map(str, measured))
+    return (f"only step{'s' if len(measured) > 1 else ''} {shown} measured: the run ended\n"
+            f"at step {last_step}, before this panel's next measurement")
+
+
 def plot_per_layer(ax, history: History, style: LayerStyle, panel: str, field: str, names) -> int:
-    """Draw `panel/NAME/field` for each name in `names`, in the layer's colour, with crosses where
-    `panel/NAME/nonfinite` counts NaN or inf. Returns the number of curves drawn."""
+    """Draw `panel/NAME/field` for each name in `names`, in the layer's colour (a dot on each point of a short
+    series), with crosses where `panel/NAME/nonfinite` counts NaN or inf. Returns the number of curves drawn."""
     drawn = 0
     for name in names:
         steps, values = history.get(f"{panel}/{name}/{field}")
         if not steps.size:
             continue
-        ax.plot(steps, values, gid=f"{panel}/{name}/{field}", **style.line(name))   # gid: the series drawn
+        ax.plot(steps, values, gid=f"{panel}/{name}/{field}", **style.line(name), **_dots(steps))   # gid: the series
         drawn += 1
         _nonfinite_marks(ax, *history.get(f"{panel}/{name}/nonfinite"), style.colour(name))
     return drawn
@@ -130,11 +154,13 @@ def _last_step(history: History) -> int:
     return max((int(steps[-1]) for steps in ends if steps.size), default=-1)
 
 
-def _finish(ax, title: str, ylabel: str, last_step: int, *, log: bool = False, legend: bool = False) -> None:
-    "Title, labels, grid and a common step range; a legend, if asked for, goes outside the plotting area."
+def _finish(ax, title: str, ylabel: str, last_step: int, *, log: bool = False, legend: bool = False,
+            note: str | None = None) -> None:
+    """Title, labels, grid and a common step range; a legend, if asked for, goes outside the plotting area, and a
+    `note` (see `sparse_note`) under the step axis."""
     if title:
         ax.set_title(title, loc="left", fontsize=11, fontweight="bold")
-    ax.set_xlabel("training step")
+    ax.set_xlabel("training step" + (f"\n{note}" if note else ""))
     ax.set_ylabel(ylabel)
     if log and any(np.size(line.get_xdata()) for line in ax.lines):
         ax.set_yscale("log")
@@ -155,7 +181,7 @@ def draw_loss(ax, history: History, last_step: int) -> None:
         ax.plot(steps, moving_average(loss, 25), color="tab:blue", lw=1.8, label="train, moving average of 25")
         bad = _nonfinite_marks(ax, steps, (~np.isfinite(loss)).astype(float), "red")
         if bad:
-            ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({bad} steps)")
+            ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({_count(bad, 'step')})")
     vsteps, vloss = history.get("loss/val")
     if vsteps.size:
         ax.plot(vsteps, vloss, "o-", color="black", lw=1.3, ms=3, label="held-out")
@@ -181,7 +207,8 @@ def draw_activations(axes, history: History, style: LayerStyle, last_step: int) 
         if not plot_per_layer(ax, history, style, "activations", field, names):
             _message(ax, "no activations recorded" if not layers else
                      "no layer after the last nonlinearity" if names is outputs else "no hidden layers")
-        _finish(ax, "", label, last_step, log=log)
+        _finish(ax, "", label, last_step, log=log,
+                note=sparse_note(history, [f"activations/{n}/{field}" for n in names], last_step))
     axes[0].set_title("2 · Activations per layer", loc="left", fontsize=11, fontweight="bold")
 
 # %% ../nbs/11_dashboard.ipynb #d9b51bf4
@@ -190,10 +217,12 @@ def draw_gradients(axes, history: History, style: LayerStyle, last_step: int) ->
     params, layers = history.names("gradients"), style.shown(history.names("act_grads"))
     if not plot_per_layer(axes[0], history, style, "gradients", "l2", params):
         _message(axes[0], "no parameter gradients recorded")
-    _finish(axes[0], "3 · Gradients", "‖∂L/∂θ‖₂ per parameter (log)", last_step, log=True)
+    _finish(axes[0], "3 · Gradients", "‖∂L/∂θ‖₂ per parameter (log)", last_step, log=True,
+            note=sparse_note(history, [f"gradients/{p}/l2" for p in params], last_step))
     if not plot_per_layer(axes[1], history, style, "act_grads", "l2", layers):
         _message(axes[1], "no activation gradients recorded")
-    _finish(axes[1], "3 · Gradients at each layer's output", "‖∂L/∂a‖₂ (log)", last_step, log=True)
+    _finish(axes[1], "3 · Gradients at each layer's output", "‖∂L/∂a‖₂ (log)", last_step, log=True,
+            note=sparse_note(history, [f"act_grads/{n}/l2" for n in layers], last_step))
 
 
 def draw_updates(ax, history: History, style: LayerStyle, last_step: int) -> None:
@@ -202,14 +231,16 @@ def draw_updates(ax, history: History, style: LayerStyle, last_step: int) -> Non
         ax.axhline(1e-3, color="black", ls=":", lw=1.2, label="10⁻³, a common healthy value")
     else:
         _message(ax, "no updates recorded")
-    _finish(ax, "4 · Update-to-weight ratio", "‖Δw‖ / ‖w‖ per step (log)", last_step, log=True, legend=True)
+    _finish(ax, "4 · Update-to-weight ratio", "‖Δw‖ / ‖w‖ per step (log)", last_step, log=True, legend=True,
+            note=sparse_note(history, [f"updates/{p}/ratio" for p in history.names("updates")], last_step))
 
 
 def draw_spectral(ax, history: History, style: LayerStyle, last_step: int) -> None:
     "Panel 5: the largest singular value of each weight matrix."
     if not plot_per_layer(ax, history, style, "spectral", "sigma", history.names("spectral")):
         _message(ax, "no spectral norms recorded")
-    _finish(ax, "5 · Spectral norm of each weight matrix", "σ_max", last_step)
+    _finish(ax, "5 · Spectral norm of each weight matrix", "σ_max", last_step,
+            note=sparse_note(history, [f"spectral/{p}/sigma" for p in history.names("spectral")], last_step))
 
 # %% ../nbs/11_dashboard.ipynb #b0e80f4a
 def _edges(steps: np.ndarray) -> np.ndarray:
@@ -232,11 +263,14 @@ def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) ->
     """Panel 6, left: per layer, the share of units dead (ReLU <= 0 for every example) or saturated (|tanh| > 0.97
     for every example), solid; and the share of all outputs <= 0 (or saturated), dashed."""
     layers = style.shown(history.names("units"))
+    keys = []
     for name in layers:
         units, outputs = UNIT_FIELDS[_unit_kind(history, name)]
         for field, ls in ((units, "-"), (outputs, "--")):
             steps, share = history.get(f"units/{name}/{field}")
-            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5, gid=f"units/{name}/{field}")
+            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5, gid=f"units/{name}/{field}",
+                    **_dots(steps))
+            keys.append(f"units/{name}/{field}")
     if not layers:
         _message(ax, "no unit health recorded")
     else:
@@ -249,7 +283,8 @@ def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) ->
                 ax.plot([], [], color="0.2", ls="-", label=solid)
                 ax.plot([], [], color="0.2", ls="--", label=dashed)
         ax.set_ylim(-2, 102)
-    _finish(ax, "6 · Unit health", "% of units (solid) or of outputs (dashed)", last_step, legend=True)
+    _finish(ax, "6 · Unit health", "% of units (solid) or of outputs (dashed)", last_step, legend=True,
+            note=sparse_note(history, keys, last_step))
 
 # %% ../nbs/11_dashboard.ipynb #d138363c
 def _matrix(history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -259,9 +294,10 @@ def _matrix(history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, values.reshape(steps.size, -1) if steps.size else values.reshape(0, 0)
 
 
-def draw_histogram(ax, history: History, name: str, fig: Figure) -> None:
+def draw_histogram(ax, history: History, name: str, fig: Figure, last_step: int | None = None) -> None:
     """Panel 6, right: the distribution of one layer's output values over time, on a fixed range, with the share of
-    values below and above the range in rows of their own. Rows are activation values, not units."""
+    values below and above the range in rows of their own. Rows are activation values, not units. With `last_step`,
+    the time axis spans 0..last_step like every other panel's (a single measurement is then a narrow column)."""
     info = history.meta.get("histogram", {}).get(name)
     steps, hist = _matrix(history, f"units/{name}/histogram")
     if info is None or not steps.size:
@@ -286,8 +322,12 @@ def draw_histogram(ax, history: History, name: str, fig: Figure) -> None:
     ax.set_yticks([lo - gap - row / 2, *ticks, hi + gap + row / 2],
                   [f"< {lo:g}", *[f"{t:g}" for t in ticks], f"> {hi:g}"])
     ax.set_ylim(y_edges[0], y_edges[-1])
+    note = None
+    if last_step is not None:
+        ax.set_xlim(-0.5, max(last_step, int(steps[-1])) + 0.5)
+        note = sparse_note(history, [f"units/{name}/histogram"], last_step)
     ax.set_title(f"6 · {_short(name)}: its output values over time", loc="left", fontsize=10)
-    ax.set_xlabel("training step")
+    ax.set_xlabel("training step" + (f"\n{note}" if note else ""))
     ax.set_ylabel("activation value (rows are values, not units)")
     fig.colorbar(mesh, ax=ax, label="% of outputs in the row (log)", pad=0.01)
 
@@ -325,6 +365,28 @@ def fired_steps(history: History) -> list[int]:
     return sorted({int(f["step"]) for f in d.get("fired", []) if isinstance(f, dict) and isinstance(f.get("step"), int)})
 
 
+def _int(value) -> int | None:
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else None
+
+
+def run_length(history: History) -> str | None:
+    "How far a run went that did not run all its planned steps ('7 of 2000 steps, stopped early'); None otherwise."
+    d = diagnosis_of(history) or {}
+    config = history.meta.get("config")
+    planned = _int(d.get("planned_steps")) or _int(config.get("steps") if isinstance(config, dict) else None)
+    if planned is None:
+        return None
+    stopped = _int(d.get("stopped_at"))
+    if "stopped_at" not in d and d.get("early_stop") and d.get("verdict") == "failing":   # an older diagnosis
+        stopped = _int(d.get("step")) if (_int(d.get("step")) or 0) < planned else None
+    if stopped is not None:
+        return f"{stopped} of {planned} steps, stopped early"
+    recorded = history.get("loss/train")[0]
+    if recorded.size and int(recorded[-1]) + 1 < planned:
+        return f"{int(recorded[-1]) + 1} of {planned} steps recorded"
+    return None
+
+
 def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
     "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
     d = diagnosis_of(history)
@@ -332,13 +394,18 @@ def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
         return ["not diagnosed: no verdict (train with diagnose_every to get one)"]
     every = f"every {d['every']} steps" if d.get("every") else "at the end"
     n = len(d.get("reports", [])) or None
+    length = run_length(history)
     if d["verdict"] == "trustworthy":
-        return [f"HEALTHY: no check fired ({n or 'all'} diagnoses, {every})",
+        return [f"HEALTHY: no check fired ({_count(n, 'diagnosis', 'diagnoses') if n else 'all diagnoses'}, {every})"
+                + (f"; {length}" if length else ""),
                 "  checked: hidden-norm growth, gradient floor, vanishing and exploding gradients, non-finite values, "
                 "dead units, loss spikes, no learning"]
     fired = fired_steps(history)
-    head = f"FAILING from step {d.get('step')}" + (f" (checks fired at {len(fired)} diagnoses, {every})" if fired else "")
-    if d.get("early_stop"):
+    head = f"FAILING from step {d.get('step')}" + (
+        f" (checks fired at {_count(len(fired), 'diagnosis', 'diagnoses')}, {every})" if fired else "")
+    if length:
+        head += f"; {length}"
+    elif d.get("early_stop"):
         head += "; early stop was on"
     reasons = [str(r) for r in d.get("reasons", [])]
     return [head] + [f"  {r}" for r in reasons[:max_reasons]] + (
@@ -359,8 +426,8 @@ def draw_verdict(ax, history: History) -> None:
         ax.text(0.01, 0.5, "\n".join(l.strip() for l in lines[1:]), transform=ax.transAxes, va="top",
                 ha="left", fontsize=10.5, color="black", linespacing=1.3)
     if fired_steps(history):
-        ax.text(0.99, 0.72, "black dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
-                va="center", ha="right", fontsize=10.5, color="black")
+        ax.text(0.99, 0.1, "black dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
+                va="bottom", ha="right", fontsize=10.5, color="black")
 
 
 def mark_fired(ax, history: History) -> int:
@@ -389,11 +456,11 @@ def nonfinite_lines(history: History) -> list[str]:
             steps, counts = history.get(f"{panel}/{name}/nonfinite")
             bad = np.nan_to_num(counts, nan=1.0) > 0
             if bad.any():
-                lines.append(f"  {_short(name)} {what}: {int(np.nan_to_num(counts, nan=1.0).sum())} values "
-                             f"at {int(bad.sum())} recorded steps, first at step {int(steps[bad][0])}")
+                lines.append(f"  {_short(name)} {what}: {_count(int(np.nan_to_num(counts, nan=1.0).sum()), 'value')} "
+                             f"at {_count(int(bad.sum()), 'recorded step')}, first at step {int(steps[bad][0])}")
     steps, loss = history.get("loss/train")
     if (~np.isfinite(loss)).any():
-        lines.append(f"  training loss: not finite at {int((~np.isfinite(loss)).sum())} steps, "
+        lines.append(f"  training loss: not finite at {_count(int((~np.isfinite(loss)).sum()), 'step')}, "
                      f"first at step {int(steps[~np.isfinite(loss)][0])}")
     return lines
 
@@ -452,9 +519,8 @@ def draw_summary(ax, history: History) -> None:
     colour = "red" if any(l.startswith("NON-FINITE") for l in lines) else "black"
     ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=9.5,
             transform=ax.transAxes, color="black")
-    if colour == "red":
-        ax.text(1.0, 1.0, "non-finite values!", va="top", ha="right", color="red", fontweight="bold",
-                transform=ax.transAxes)
+    if colour == "red":                       # in the title line: never over the summary's text
+        ax.set_title("non-finite values!", loc="right", color="red", fontweight="bold", fontsize=11)
 
 # %% ../nbs/11_dashboard.ipynb #e566517a
 def draw_key(ax, style: LayerStyle, config: dict | None = None) -> None:
@@ -507,14 +573,15 @@ def render_dashboard(history: History, title: str | None = None, figsize=(20, 25
     cells = grid[5, 2:].subgridspec(1, max(len(layers), 1))
     for i, name in enumerate(layers or [None]):
         ax = fig.add_subplot(cells[i])
-        draw_histogram(ax, history, name, fig) if name else _message(ax, "no histograms recorded")
+        draw_histogram(ax, history, name, fig, last) if name else _message(ax, "no histograms recorded")
     timed.append(add(5, slice(0, 2)))
     draw_per_class(timed[-1], history, last)
     draw_summary(add(5, slice(2, 4)), history)
     for ax in timed:
         mark_fired(ax, history)
-    fig.suptitle(title or history.meta.get("title") or "minitrain-inspect: is this run healthy?",
-                 fontsize=15, fontweight="bold")
+    title = title or history.meta.get("title") or "minitrain-inspect: is this run healthy?"
+    length = run_length(history)
+    fig.suptitle(f"{title}\n{length}" if length else title, fontsize=15, fontweight="bold")
     return fig
 
 

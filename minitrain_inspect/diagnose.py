@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import numbers
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,12 +27,12 @@ from .train import (VERDICTS, TrainConfig, TrainResult, blas_threads, evaluating
 from .train import train as _train
 
 # %% auto #0
-__all__ = ['CHECKS', 'NONFINITE_PANELS', 'LOWER_IS_WORSE', 'DiagnosticThresholds', 'CheckResult', 'DiagnosticReport',
-           'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan', 'probe', 'check_growth', 'check_gradients',
-           'history_nonfinite', 'check_nonfinite', 'check_dead_units', 'check_loss_spike', 'check_no_learning',
-           'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels', 'GalleryRun', 'gallery',
-           'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins', 'gallery_summary', 'diagnosis_cost',
-           'cost_lines']
+__all__ = ['CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'LOWER_IS_WORSE', 'DiagnosticThresholds', 'CheckResult',
+           'DiagnosticReport', 'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan', 'probe', 'check_growth',
+           'check_gradients', 'history_nonfinite', 'check_nonfinite', 'check_dead_units', 'check_loss_spike',
+           'check_no_learning', 'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels', 'GalleryRun',
+           'gallery', 'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins', 'gallery_summary',
+           'diagnosis_cost', 'cost_lines']
 
 # %% ../nbs/15_diagnose.ipynb #97945d7c
 @dataclass(frozen=True)
@@ -49,15 +50,17 @@ class DiagnosticThresholds:
 
     def __post_init__(self):
         for name in ("growth", "grad_floor", "vanishing_ratio", "exploding_ratio", "spike_factor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ValueError(f"threshold {name} must be a positive finite number, got {value!r}")
+            value = _real(getattr(self, name))
+            if value is None or not 0 < value < math.inf:
+                raise ValueError(f"threshold {name} must be a positive finite number, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)      # a plain float, whatever real type was given
         for name in ("dead_share", "no_learning_factor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"threshold {name} must lie in (0, 1], got {value!r}")
-        check_int(self.spike_window, "threshold spike_window", 2)
-        check_int(self.no_learning_after, "threshold no_learning_after", 1)
+            value = _real(getattr(self, name))
+            if value is None or not 0 < value <= 1:
+                raise ValueError(f"threshold {name} must lie in (0, 1], got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        for name, least in (("spike_window", 2), ("no_learning_after", 1)):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"threshold {name}", least))
         if self.vanishing_ratio >= self.exploding_ratio:
             raise ValueError(f"vanishing_ratio ({self.vanishing_ratio}) must be below exploding_ratio "
                              f"({self.exploding_ratio})")
@@ -65,6 +68,13 @@ class DiagnosticThresholds:
     def to_dict(self) -> dict:
         "The thresholds as a plain dict."
         return dataclasses.asdict(self)
+
+
+def _real(value) -> float | None:
+    "`value` as a float if it is a real number of any type (Python, NumPy float32 or int64...), not a bool; else None."
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
 
 # %% ../nbs/15_diagnose.ipynb #80446c5d
 class CheckResult(NamedTuple):
@@ -109,10 +119,14 @@ class DiagnosticReport:
         return [c.reason for c in self.fired]
 
     def to_dict(self) -> dict:
-        "A JSON-ready dict (non-finite values become `None`)."
+        "A JSON-ready dict: numbers as numbers, NaN as `None`, infinities as the strings 'Infinity' and '-Infinity'."
+        checks = [{**c._asdict(), "value": _encode(c.value), "threshold": _encode(c.threshold)} for c in self.checks]
         return to_jsonable({"step": self.step, "verdict": self.verdict, "reasons": self.reasons,
-                            "seconds": self.seconds, "eval_loss": self.eval_loss,
-                            "checks": [c._asdict() for c in self.checks]})
+                            "seconds": _encode(self.seconds), "eval_loss": _encode(self.eval_loss), "checks": checks})
+
+    def __eq__(self, other) -> bool:
+        "Equal when their JSON is equal: NaN equals NaN here, as it does after a round trip."
+        return isinstance(other, DiagnosticReport) and self.to_dict() == other.to_dict()
 
     def to_json(self, **kwargs) -> str:
         "Strict JSON (no NaN or Infinity tokens)."
@@ -136,20 +150,32 @@ class DiagnosticReport:
                 raise ValueError(f"report check {i} must have exactly the fields {CheckResult._fields}, got {c!r}")
             if not isinstance(c["name"], str) or not isinstance(c["fired"], bool) or not isinstance(c["detail"], str):
                 raise ValueError(f"report check {i}: name and detail must be strings and fired a bool, got {c!r}")
-            number = lambda v, what: math.nan if v is None else _number(v, f"report check {i} {what}")
-            checks.append(CheckResult(c["name"], number(c["value"], "value"), number(c["threshold"], "threshold"),
-                                      c["fired"], c["detail"]))
-        eval_loss = d.get("eval_loss")
+            checks.append(CheckResult(c["name"], _number(c["value"], f"report check {i} value"),
+                                      _number(c["threshold"], f"report check {i} threshold"), c["fired"], c["detail"]))
         report = cls(step, checks, _number(seconds, "report seconds"),
-                     math.nan if eval_loss is None else _number(eval_loss, "report eval_loss"))
+                     _number(d.get("eval_loss"), "report eval_loss"))
         if "verdict" in d and d["verdict"] != report.verdict:
             raise ValueError(f"report verdict {d['verdict']!r} disagrees with its checks ({report.verdict!r})")
         return report
 
 
+NONFINITE_JSON = {"Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _encode(value):
+    "A float for strict JSON: itself if finite, None if NaN, 'Infinity' or '-Infinity' if infinite."
+    value = float(value)
+    return value if math.isfinite(value) else None if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
 def _number(value, what: str) -> float:
+    "The inverse of `_encode`: a number, None (NaN) or 'Infinity'/'-Infinity'; anything else is a ValueError."
+    if value is None:
+        return math.nan
+    if isinstance(value, str) and value in NONFINITE_JSON:
+        return NONFINITE_JSON[value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number, got {value!r}")
+        raise ValueError(f"{what} must be a number, null or 'Infinity'/'-Infinity', got {value!r}")
     return float(value)
 
 # %% ../nbs/15_diagnose.ipynb #97466e0c
@@ -408,10 +434,11 @@ class Diagnoser:
         if not isinstance(self.thresholds, DiagnosticThresholds):
             raise TypeError(f"thresholds must be a DiagnosticThresholds, got {type(self.thresholds).__name__}")
         self.eval_size = check_int(eval_size, "eval_size", 1)
-        self.every = None if every is None else check_int(every, "every", 1)
+        self.every_given = None if every is None else check_int(every, "every", 1)
+        self.every = self.every_given
         self.history = history
         self.reports: list[DiagnosticReport] = []
-        self.run = None
+        self.run, self.active, self.stopped_at = None, False, None
 
     @property
     def failing(self) -> list:
@@ -430,11 +457,13 @@ class Diagnoser:
 
 # %% ../nbs/15_diagnose.ipynb #a9928c5e
 def _begin_run(self: Diagnoser, run) -> None:
-    "Observer hook: pick the evaluation batch and the trunk, and reset the reports."
-    if self.run is not None:
-        raise ValueError("this Diagnoser is watching another run; use a new one for each run")
+    "Observer hook: pick the evaluation batch and the trunk, and reset the reports (a Diagnoser can watch run after run)."
+    if self.active:
+        raise ValueError("this Diagnoser is watching a run that has not ended; a Diagnoser watches one run at a time: "
+                         "give each concurrent run its own Diagnoser()")
     config = run.config
-    self.every = self.every or getattr(config, "diagnose_every", None)
+    self.every = self.every_given or getattr(config, "diagnose_every", None)
+    self.active, self.stopped_at = True, None
     split = run.data.val if len(run.data.val) else run.data.train
     rng = np.random.default_rng([getattr(config, "seed", 0), 0xD1A6])    # a stream of its own
     idx = np.sort(rng.choice(len(split), min(self.eval_size, len(split)), replace=False))
@@ -445,6 +474,9 @@ def _begin_run(self: Diagnoser, run) -> None:
 
 def _diagnose_now(self: Diagnoser, step: int) -> DiagnosticReport:
     "Diagnose the model after `step` updates, report to the run's control, and ask it to stop if so configured."
+    if self.reports and self.reports[-1].step == step:      # same model, more losses: one report per step
+        self.reports.pop()
+        self.last_step = self.reports[-1].step if self.reports else -1
     report = diagnose(self.run.model, self.inputs, self.targets, step=step, losses=self.losses,
                       new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
                       history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
@@ -458,6 +490,8 @@ def _diagnose_now(self: Diagnoser, step: int) -> DiagnosticReport:
         control.report(self.verdict, self.reasons)
         if report.verdict == "failing" and getattr(self.run.config, "early_stop", False):
             control.request_stop(report.reasons)
+            if self.stopped_at is None and step < self.run.config.steps:
+                self.stopped_at = step              # the loop ends here: `step` steps run, no update after
     return report
 
 
@@ -477,7 +511,8 @@ def _after_step(self: Diagnoser, step: int, loss: float) -> None:
 
 
 def _end_run(self: Diagnoser) -> None:
-    "Observer hook: store the summary in the Inspector's history, if one was given."
+    "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
+    self.active = False
     if self.history is not None and self.reports:
         self.history.meta["diagnosis"] = self.summary()
 
@@ -492,6 +527,8 @@ def _summary(self: Diagnoser) -> dict:
     return to_jsonable({"verdict": self.verdict, "reasons": self.reasons,
                         "step": self.failing[0].step if self.failing else None, "every": self.every,
                         "early_stop": bool(getattr(getattr(self.run, "config", None), "early_stop", False)),
+                        "planned_steps": getattr(getattr(self.run, "config", None), "steps", None),
+                        "stopped_at": self.stopped_at,
                         "eval_size": len(self.targets) if self.run is not None else self.eval_size,
                         "fired": fired, "thresholds": self.thresholds.to_dict(),
                         "reports": [r.to_dict() for r in self.reports]})
@@ -507,10 +544,20 @@ Diagnoser.summary, Diagnoser.save = _summary, _save
 # %% ../nbs/15_diagnose.ipynb #f53bb9c2
 def train(config: TrainConfig | None = None, *, data: PastTenseData | None = None, observers: Iterable = (),
           inspector=None, thresholds: DiagnosticThresholds | None = None) -> TrainResult:
-    "`minitrain_inspect.train.train`, plus a `Diagnoser` when `config.diagnose_every` is set and none is among `observers`."
+    """`minitrain_inspect.train.train`, plus a `Diagnoser(thresholds)` when `config.diagnose_every` is set and none is
+    among `observers`. `thresholds` where it cannot apply (a Diagnoser passed in, no diagnose_every) is a ValueError."""
     config = TrainConfig() if config is None else config
     observers = list(observers)
     diagnoser = next((o for o in observers if getattr(o, "diagnoses", False) is True), None)
+    if thresholds is not None:
+        if not isinstance(thresholds, DiagnosticThresholds):
+            raise TypeError(f"thresholds must be a DiagnosticThresholds, got {type(thresholds).__name__}")
+        if diagnoser is not None:
+            raise ValueError("thresholds= configures the Diagnoser that train adds, but a diagnosing observer was "
+                             "passed in and keeps its own: give the thresholds to it, Diagnoser(thresholds)")
+        if config.diagnose_every is None:
+            raise ValueError("thresholds= was given but config.diagnose_every is None, so no diagnosis would run: "
+                             "set diagnose_every (for example TrainConfig(diagnose_every=50))")
     if diagnoser is None and config.diagnose_every is not None:
         diagnoser = Diagnoser(thresholds, history=getattr(inspector, "history", None))
         observers.append(diagnoser)
@@ -552,25 +599,33 @@ def shuffled_labels(config: TrainConfig, seed: int = 7) -> PastTenseData:
 
 # %% ../nbs/15_diagnose.ipynb #66a4f1bf
 class GalleryRun(NamedTuple):
-    "One run of the gallery: its name, whether it is broken on purpose, config changes, sabotage, shuffled labels."
+    """One run of the gallery: its name, whether it is broken on purpose, config changes, sabotage, shuffled labels,
+    and the steps it `needs` to show its fault with the default thresholds (`needs_why` says why)."""
     name: str
     broken: bool
     config: dict = {}
     sabotage: dict = {}
     shuffle: bool = False
+    needs: int = 1
+    needs_why: str = ""
 
 
-def gallery(seeds: int = 5) -> list:
-    "The gallery's runs: eight broken ones, then the default config with `seeds` seeds, SGD with momentum, and tanh."
-    seeds = check_int(seeds, "seeds", 1)
+def gallery(seeds: int = 5, steps: int = 2000) -> list:
+    """The gallery's runs for runs of `steps` steps: eight broken ones, then the default config with `seeds` seeds,
+    SGD with momentum, and tanh. The NaN goes into the batch of step min(120, steps // 2)."""
+    seeds, steps = check_int(seeds, "seeds", 1), check_int(steps, "steps", 1)
     sgd = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}
+    nan_at = min(120, steps // 2)
     return [GalleryRun("lr far too high (Adam, lr 5)", True, {"lr": 5.0}),
-            GalleryRun("weights far too small (x1e-3, SGD)", True, sgd, {"weight_scale": 1e-3}),
+            GalleryRun("weights far too small (x1e-3, SGD)", True, sgd, {"weight_scale": 1e-3}, needs=200,
+                       needs_why="its first/last gradient ratio sinks below 1e-3 only after about 175 steps"),
             GalleryRun("weights far too large (x30)", True, {}, {"weight_scale": 30.0}),
             GalleryRun("dead units (hidden biases -3)", True, {}, {"hidden_bias": -3.0}),
-            GalleryRun("NaN in one batch (step 120)", True, {}, {"nan_at": 120}),
-            GalleryRun("labels shuffled", True, {}, {}, True),
-            GalleryRun("lr far too low (Adam, lr 1e-7)", True, {"lr": 1e-7}),
+            GalleryRun(f"NaN in one batch (step {nan_at})", True, {}, {"nan_at": nan_at}),
+            GalleryRun("labels shuffled", True, {}, {}, True, needs=400,
+                       needs_why="its held-out loss climbs back above 0.9x its start only after about 375 steps"),
+            GalleryRun("lr far too low (Adam, lr 1e-7)", True, {"lr": 1e-7}, needs=200,
+                       needs_why="the no-learning check waits no_learning_after = 200 steps"),
             GalleryRun("SGD lr 1000 (NaN loss)", True, {"optimizer": "sgd", "lr": 1000.0, "momentum": 0.0}),
             *[GalleryRun(f"default, seed {s}", False, {"seed": s}) for s in range(seeds)],
             GalleryRun("SGD with momentum (lr 0.1, 0.9)", False, sgd),
@@ -583,14 +638,22 @@ def _accuracy(result: TrainResult) -> dict:
 
 def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
                       thresholds: DiagnosticThresholds | None = None, final: bool = True) -> dict:
-    "Run one gallery entry with early stop (and, if it stopped and `final`, again to the end); returns its row."
+    """Run one gallery entry with early stop (and, if it stopped and `final`, again to the end); returns its row.
+    An entry that `needs` more than `steps` steps is not run: its row has `applicable` False and `flagged` None."""
+    if steps < entry.needs:
+        return to_jsonable({"name": entry.name, "broken": entry.broken, "applicable": False, "needs": entry.needs,
+                            "needs_why": entry.needs_why, "flagged": None, "step": None, "stopped": False,
+                            "reasons": [], "compute_saved": {"steps": 0, "share": 0.0, "seconds": 0.0},
+                            "accuracy_at_stop": None, "final_accuracy": None, "nan_step": None, "seconds": 0.0,
+                            "reports": []})
     config = TrainConfig(**{"steps": steps, "progress": False, **entry.config}, diagnose_every=every, early_stop=True)
     data = shuffled_labels(config) if entry.shuffle else None
     diagnoser = Diagnoser(thresholds)
     with np.errstate(all="ignore"):          # the broken runs overflow on purpose
         result = _train(config, data=data, observers=[Sabotage(**entry.sabotage), diagnoser])
     es = result.early_stop
-    row = {"name": entry.name, "broken": entry.broken, "flagged": diagnoser.verdict == "failing",
+    row = {"name": entry.name, "broken": entry.broken, "applicable": True, "needs": entry.needs,
+           "needs_why": entry.needs_why, "flagged": diagnoser.verdict == "failing",
            "step": diagnoser.failing[0].step if diagnoser.failing else None, "stopped": es.stopped,
            "reasons": diagnoser.reasons, "compute_saved": es.compute_saved, "accuracy_at_stop": _accuracy(result),
            "final_accuracy": _accuracy(result), "nan_step": None, "seconds": result.seconds,
@@ -609,10 +672,10 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
 
 def run_gallery(steps: int = 2000, seeds: int = 5, every: int = 50, thresholds: DiagnosticThresholds | None = None,
                 runs: list | None = None, progress=None, final: bool = True) -> list:
-    "Run every gallery entry (`gallery(seeds)` unless `runs` is given); returns the rows. `progress(row)` after each."
+    "Run every gallery entry (`gallery(seeds, steps)` unless `runs` is given); returns the rows. `progress(row)` after each."
     steps, every = check_int(steps, "steps", 1), check_int(every, "every", 1)
     rows = []
-    for entry in gallery(seeds) if runs is None else runs:
+    for entry in gallery(seeds, steps) if runs is None else runs:
         rows.append(run_gallery_entry(entry, steps, every, thresholds, final))
         if progress is not None:
             progress(rows[-1])
@@ -628,6 +691,10 @@ def gallery_table(rows: list) -> str:
     lines = ["| run | kind | flagged | step fired | reasons | compute saved | final accuracy | accuracy at stop |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if not r.get("applicable", True):
+            lines.append(f"| {r['name']} | {'broken' if r['broken'] else 'healthy'} | n/a | - | not applicable: needs "
+                         f"{r['needs']} steps ({r['needs_why']}) | - | not run | - |")
+            continue
         saved = r["compute_saved"]
         seconds = "" if saved["seconds"] is None else f", {saved['seconds']:.1f} s"
         final = _acc(r["final_accuracy"]) if r["nan_step"] is None else f"NaN loss at step {r['nan_step']}"
@@ -635,6 +702,10 @@ def gallery_table(rows: list) -> str:
         lines.append(f"| {r['name']} | {'broken' if r['broken'] else 'healthy'} | {'yes' if r['flagged'] else 'no'} | "
                      f"{'-' if r['step'] is None else r['step']} | {reasons} | {saved['share']:.0%}{seconds} | "
                      f"{final} | {_acc(r['accuracy_at_stop']) if r['stopped'] else '-'} |")
+    skipped = [r for r in rows if not r.get("applicable", True)]
+    if skipped:
+        lines += ["", f"Not applicable, so not run and left out of the counts: {len(skipped)} "
+                  f"{'run' if len(skipped) == 1 else 'runs'} too short to show their fault: " + "; ".join(f"{r['name']} needs {r['needs']} steps" for r in skipped) + "."]
     return "\n".join(lines)
 
 
@@ -649,7 +720,7 @@ def healthy_margins(rows: list) -> dict:
             continue
         for report in r["reports"]:
             for c in report["checks"]:
-                if c["value"] is None or c["name"] == "non_finite":
+                if not isinstance(c["value"], (int, float)) or c["name"] == "non_finite":   # NaN, inf: no margin
                     continue
                 worse = min if c["name"] in LOWER_IS_WORSE else max
                 old = out.get(c["name"], {}).get("value")
@@ -659,13 +730,16 @@ def healthy_margins(rows: list) -> dict:
 
 
 def gallery_summary(rows: list) -> dict:
-    "Targets: broken runs flagged, healthy runs flagged (false positives), and runs whose NaN loss the protocol beat."
+    """Targets: broken runs flagged, healthy runs flagged (false positives), and runs whose NaN loss the protocol beat.
+    Runs not applicable at this length are left out of every count and listed in `not_applicable`."""
+    skipped = [r["name"] for r in rows if not r.get("applicable", True)]
+    rows = [r for r in rows if r.get("applicable", True)]
     broken, healthy = [r for r in rows if r["broken"]], [r for r in rows if not r["broken"]]
     nan_runs = [r for r in rows if r["nan_step"] is not None]
     return {"broken_flagged": sum(r["flagged"] for r in broken), "broken": len(broken),
             "false_positives": sum(r["flagged"] for r in healthy), "healthy": len(healthy),
             "nan_runs": len(nan_runs), "fired_before_nan": sum(r["step"] is not None and r["step"] < r["nan_step"]
-                                                               for r in nan_runs)}
+                                                               for r in nan_runs), "not_applicable": skipped}
 
 # %% ../nbs/15_diagnose.ipynb #63eee008
 def diagnosis_cost(steps: int = 500, every: int = 50, repeats: int = 5, blas: int = 1) -> dict:

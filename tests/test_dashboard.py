@@ -314,3 +314,63 @@ def test_a_malformed_diagnosis_is_ignored():
     h.meta["diagnosis"] = {"verdict": "probably fine", "fired": [{"step": "x"}]}
     assert summary_lines(h)[0].startswith("not diagnosed")
     render_dashboard(h)
+
+
+# --- regressions from the second adversarial review: a run stopped early at step 7 ---------------------------------
+
+@pytest.fixture(scope="module")
+def stopped_run():
+    "`demo --lr 1000 --optimizer sgd --momentum 0 --early-stop`: the loss is NaN at step 7, the run stops cleanly."
+    from minitrain_inspect.diagnose import train as diagnosed_train
+    from minitrain_inspect.inspect import Inspector
+    from minitrain_inspect.train import TrainConfig
+    config = TrainConfig(steps=2000, optimizer="sgd", lr=1000.0, momentum=0.0, early_stop=True, diagnose_every=50,
+                         progress=False)
+    with np.errstate(all="ignore"):
+        result = diagnosed_train(config, inspector=Inspector())
+    assert result.early_stop.step == 7, result.early_stop
+    history = result.inspector.history
+    history.meta["title"] = "Past-tense model"
+    fig = render_dashboard(history)
+    FigureCanvasAgg(fig).draw()
+    return history, fig
+
+
+def test_a_stopped_run_says_how_far_it_went(stopped_run):
+    "Regression: the title and banner of a run stopped at step 7 read like a full 2000-step run."
+    history, fig = stopped_run
+    assert fig.get_suptitle() == "Past-tense model\n7 of 2000 steps, stopped early"
+    head = summary_lines(history)[0]
+    assert head == "FAILING from step 7 (checks fired at 1 diagnosis, every 50 steps); 7 of 2000 steps, stopped early"
+
+
+def test_counts_are_in_good_grammar(stopped_run):
+    "Regression: 'checks fired at 1 diagnoses', 'loss not finite (1 steps)', 'not finite at 1 steps'."
+    history, fig = stopped_run
+    words = _texts(fig) + summary_lines(history) + [t.get_text() for ax in fig.axes if ax.get_legend()
+                                                    for t in ax.get_legend().get_texts()]
+    assert not [w for w in words if re.search(r"\b1 (diagnoses|steps|values)\b", w)], words
+    assert any("loss not finite (1 step)" in w for w in words)
+
+
+def test_panels_measured_once_show_the_point_and_say_why(stopped_run):
+    "Regression: panels 2-6 measured only step 0, drew one-point lines (invisible) and looked empty, saying nothing."
+    history, fig = stopped_run
+    panels = [ax for ax in fig.axes if ax.get_xlabel().startswith("training step")
+              and any(str(l.get_gid()).split("/")[0] in ("activations", "gradients", "act_grads", "updates", "spectral",
+                                                        "units") for l in ax.lines)]
+    assert len(panels) == 9, len(panels)          # 4 activations, 2 gradients, updates, spectral, unit health
+    for ax in panels:
+        drawn = [l for l in ax.lines if l.get_gid() and "/" in l.get_gid() and l.get_gid() != "diagnosis/fired"]
+        assert drawn and all(l.get_marker() == "o" for l in drawn), (ax.get_ylabel(), [l.get_marker() for l in drawn])
+        assert "only step 0 measured: the run ended\nat step 7" in ax.get_xlabel(), ax.get_xlabel()
+        assert ax.get_xlim()[1] >= 7, "the step axis spans the whole run"
+    histograms = [ax for ax in fig.axes if ax.get_title(loc="left").endswith("its output values over time")]
+    assert len(histograms) == 2
+    for ax in histograms:
+        assert ax.get_xlim() == (-0.5, 7.5), "one measurement is a narrow column, not the whole run"
+        assert "only step 0 measured" in ax.get_xlabel()
+
+
+def test_a_run_measured_throughout_gets_no_note(figure):
+    assert not any("measured:" in ax.get_xlabel() for ax in figure.axes)

@@ -161,12 +161,21 @@ def test_dg_train_without_diagnose_every_adds_no_diagnoser():
     assert r.diagnoser is None and r.early_stop.verdict is None
 
 
-def test_a_diagnoser_watches_one_run():
+def test_a_diagnoser_watches_one_run_at_a_time():
+    "Regression U2: reuse after end_run starts afresh; only two runs at once are refused, saying what to do."
+    from minitrain_inspect.train import training_steps
     d = dg.Diagnoser()
     config = TrainConfig(steps=2, progress=False, diagnose_every=1)
-    plain_train(config, observers=[d])
-    with pytest.raises(ValueError, match="watching another run"):
+    running = training_steps(config, observers=[d])
+    next(running)                                             # begun, not ended
+    with pytest.raises(ValueError, match=r"has not ended.*its own Diagnoser\(\)"):
         plain_train(config, observers=[d])
+    running.close()                                           # ends the run (end_run)
+    plain_train(config, observers=[d])
+    assert [r.step for r in d.reports] == [0, 1, 2]
+    plain_train(dataclasses.replace(config, steps=4, diagnose_every=2), observers=[d])
+    assert [r.step for r in d.reports] == [0, 2, 4] and d.every == 2, "the second run starts afresh, with its interval"
+    assert d.summary()["planned_steps"] == 4
 
 
 def test_summary_is_strict_json_and_saved_atomically(tmp_path):
@@ -241,3 +250,114 @@ def test_a_model_without_a_trunk_is_refused(batch):
 def test_report_from_bad_json(bad, words):
     with pytest.raises((ValueError, TypeError), match=words):
         dg.DiagnosticReport.from_dict(bad)
+
+
+# --- regressions from the second adversarial review ---------------------------------------------------------------
+
+STRICT = dg.DiagnosticThresholds(dead_share=0.01)
+
+
+def test_train_applies_its_thresholds_to_the_diagnoser_it_adds():
+    r = dg.train(TrainConfig(steps=2, progress=False, diagnose_every=1), thresholds=STRICT)
+    assert r.diagnoser.thresholds == STRICT and r.diagnoser.verdict == "failing", "dead_share 1% fires at once"
+
+
+def test_train_refuses_thresholds_it_cannot_apply():
+    "Regression S5: thresholds= was ignored silently beside a Diagnoser passed in, and without diagnose_every."
+    config = TrainConfig(steps=2, progress=False, diagnose_every=1)
+    with pytest.raises(ValueError, match=r"give the thresholds to it, Diagnoser\(thresholds\)"):
+        dg.train(config, observers=[dg.Diagnoser()], thresholds=STRICT)
+    with pytest.raises(ValueError, match="diagnose_every is None"):
+        dg.train(dataclasses.replace(config, diagnose_every=None), thresholds=STRICT)
+    with pytest.raises(TypeError, match="DiagnosticThresholds"):
+        dg.train(config, thresholds={"growth": 2.0})
+
+
+@pytest.mark.parametrize("kw", [dict(growth=np.float32(5)), dict(grad_floor=np.float32(1e-6)),
+                                dict(dead_share=np.float32(0.5)), dict(spike_factor=np.int64(12)),
+                                dict(spike_window=np.int64(20)), dict(exploding_ratio=np.float16(60))])
+def test_thresholds_accept_any_real_number_type(kw):
+    "Regression U3: np.float32(5) was refused while np.float64 was accepted."
+    th = dg.DiagnosticThresholds(**kw)
+    (name, value), = kw.items()
+    assert getattr(th, name) == float(value) and type(getattr(th, name)) in (int, float)
+    json.dumps(th.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(True), "5", None, 1 + 0j])
+def test_thresholds_still_refuse_what_is_not_a_real_number(value):
+    with pytest.raises(ValueError, match="growth must be a positive finite number"):
+        dg.DiagnosticThresholds(growth=value)
+
+
+ODD = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-300, 1.7976931348623157e308, 0.1, 3]
+
+
+@pytest.mark.parametrize("value, threshold, seconds, eval_loss", [
+    (math.nan, math.inf, math.nan, -math.inf), (math.inf, 0.0, 0.0, math.nan), (-math.inf, -math.inf, math.inf, 2.5),
+    (1e-300, 1.7976931348623157e308, 1e-9, 0.0)])
+def test_report_json_round_trip_table(value, threshold, seconds, eval_loss):
+    "Regression C4: NaN seconds broke from_dict; an inf threshold came back as NaN."
+    r = dg.DiagnosticReport(3, [dg.CheckResult("x", value, threshold, True, "d")], seconds=seconds, eval_loss=eval_loss)
+    text = r.to_json()
+    strict = json.loads(text, parse_constant=lambda token: pytest.fail(f"not strict JSON: {token} in {text}"))
+    back = dg.DiagnosticReport.from_dict(strict)
+    assert back == r
+    for got, want in ((back.checks[0].value, value), (back.checks[0].threshold, threshold), (back.seconds, seconds),
+                      (back.eval_loss, eval_loss)):
+        assert (math.isnan(got) and math.isnan(want)) or got == want, (got, want)
+
+
+def test_report_json_round_trip_property():
+    "Regression C4, as a property: every report of any numbers comes back equal from its strict JSON."
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    number = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(ODD))
+    check = st.builds(dg.CheckResult, st.sampled_from(dg.CHECKS), number, number, st.booleans(), st.text(max_size=8))
+
+    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.given(st.integers(0, 10**9), st.lists(check, max_size=8), number, number)
+    def round_trip(step, checks, seconds, eval_loss):
+        r = dg.DiagnosticReport(step, checks, seconds=seconds, eval_loss=eval_loss)
+        back = dg.DiagnosticReport.from_dict(json.loads(r.to_json()))
+        assert back == r and back.to_json() == r.to_json()
+        assert back.verdict == r.verdict and back.reasons == r.reasons
+
+    round_trip()
+
+
+def test_real_reports_round_trip(tmp_path):
+    "Reports the protocol produced on a diverging run, NaN and inf included, come back equal from diagnosis.json."
+    d = dg.Diagnoser()
+    with np.errstate(all="ignore"):
+        plain_train(TrainConfig(steps=20, optimizer="sgd", lr=1000.0, momentum=0.0, progress=False, diagnose_every=1,
+                                early_stop=True), observers=[d])
+    d.save(tmp_path / "diagnosis.json")
+    saved = json.loads((tmp_path / "diagnosis.json").read_text())["reports"]
+    assert [dg.DiagnosticReport.from_dict(r) for r in saved] == d.reports
+
+
+def test_one_report_per_step_when_a_diagnosed_step_has_a_nan_loss():
+    "Regression: a diagnosis at step k, then a NaN loss at step k, gave two reports for step k."
+    for every, early_stop in ((5, True), (1, True)):
+        d = dg.Diagnoser()
+        config = TrainConfig(steps=40, progress=False, diagnose_every=every, early_stop=early_stop)
+        r = plain_train(config, observers=[dg.Sabotage(nan_at=10), d])
+        steps = [rep.step for rep in d.reports]
+        assert len(steps) == len(set(steps)) and steps[-1] == 10, steps
+        assert "non_finite" in fired(d.reports[-1]) and r.early_stop.step == 10
+        assert d.summary()["stopped_at"] == 10
+
+
+def test_gallery_at_a_small_length_counts_only_runs_that_can_show_their_fault():
+    "Regression: at --steps 60 the NaN run was never broken and the no-learning runs could not fire: '4 of 8 flagged'."
+    rows = dg.run_gallery(steps=60, seeds=1, every=50, final=False)
+    summary = dg.gallery_summary(rows)
+    assert summary["not_applicable"] == ["weights far too small (x1e-3, SGD)", "labels shuffled",
+                                         "lr far too low (Adam, lr 1e-7)"], summary
+    assert (summary["broken_flagged"], summary["broken"], summary["false_positives"]) == (5, 5, 0), summary
+    nan_row = next(r for r in rows if r["name"].startswith("NaN in one batch"))
+    assert nan_row["name"] == "NaN in one batch (step 30)" and nan_row["step"] == 30 and nan_row["flagged"]
+    table = dg.gallery_table(rows)
+    assert table.count("| n/a |") == 3 and "left out of the counts" in table
+    assert "| lr far too low (Adam, lr 1e-7) | broken | n/a | - | not applicable: needs 200 steps" in table
