@@ -14,21 +14,20 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
-from .stats import atomic_write_text, check_output_path, to_jsonable
+from .stats import atomic_write_text, check_output_path, sigint_deferred, to_jsonable
 from .overhead import add_overhead_arguments, overhead_command
 from .trace import add_trace_arguments, trace_command
 from .train import TrainConfig, train
 
 # %% auto #0
-__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'sigint_deferred',
-           'publish', 'train_summary', 'main']
+__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish',
+           'train_summary', 'main']
 
 # %% ../nbs/16_cli.ipynb #1d9c9feb
 PROG = "minitrain-inspect"
@@ -155,22 +154,6 @@ def staging_folder(out_dir) -> Path:
     ### END SOLUTION
 
 # %% ../nbs/16_cli.ipynb #30841590
-@contextlib.contextmanager
-def sigint_deferred():
-    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
-    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
 def publish(staging: Path, out_dir: Path) -> list[Path]:
     "Move every file of `staging` into `out_dir` (Ctrl-C deferred), remove `staging`; returns the new paths."
     moved = []
@@ -263,8 +246,14 @@ def _benchmark(steps: int, repeats: int, widths, blas_threads: int) -> dict:
                          blas_threads=blas_threads)
 
 
+def _steps_run(config, result) -> str:
+    "'2000 steps', or '7 of 2000 steps' for a run that stopped early."
+    stop = getattr(result, "early_stop", None)
+    return f"{stop.step} of {config.steps} steps" if stop is not None and stop.stopped else f"{config.steps} steps"
+
+
 def _demo_title(config, result) -> str:
-    return (f"Past-tense model: {config.steps} steps, seed {config.seed}; held-out regular accuracy "
+    return (f"Past-tense model: {_steps_run(config, result)}, seed {config.seed}; held-out regular accuracy "
             f"{result.accuracy['regular_val']:.2f}, training irregular {result.accuracy['irregular_train']:.2f}")
 
 # %% ../nbs/16_cli.ipynb #3adde211
@@ -296,7 +285,7 @@ def _run_demo(args) -> int:
             bench = _benchmark(args.bench_steps, args.bench_repeats, args.bench_widths, args.blas_threads)
             text = results_markdown(bench)
         atomic_write_text(staging / "results.md", text + (
-            f"\nThis run: {config.steps} steps in {result.seconds:.1f} s with the Inspector on, "
+            f"\nThis run: {_steps_run(config, result)} in {result.seconds:.1f} s with the Inspector on, "
             f"{config.blas_threads} BLAS thread(s); accuracy {result.accuracy['regular_val']:.3f} on held-out "
             f"regular verbs, {result.accuracy['irregular_train']:.3f} on training irregular verbs.\n"))
         paths = publish(staging, args.out)
@@ -333,8 +322,13 @@ def _run_diagnose(args) -> int:
         if value < low:
             raise ValueError(f"--{name} must be at least {low}, got {value}")
     from minitrain_inspect.diagnose import gallery_summary, gallery_table, healthy_margins, run_gallery
-    done = lambda r: print(f"{r['name']}: {'flagged at step ' + str(r['step']) if r['flagged'] else 'not flagged'}",
-                           file=sys.stderr)
+    def done(r):
+        if not r.get("applicable", True):
+            verdict = f"not applicable: needs {r.get('needs')} steps"
+        else:
+            verdict = f"flagged at step {r['step']}" if r["flagged"] else "not flagged"
+        print(f"{r['name']}: {verdict}", file=sys.stderr)
+
     rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every, progress=None if args.quiet else done)
     summary, margins = gallery_summary(rows), healthy_margins(rows)
     if args.json:
@@ -346,6 +340,8 @@ def _run_diagnose(args) -> int:
     print(f"\nbroken runs flagged: {summary['broken_flagged']} of {summary['broken']}; healthy runs flagged "
           f"(false positives): {summary['false_positives']} of {summary['healthy']}; runs whose loss became NaN: "
           f"{summary['nan_runs']}, flagged before the NaN: {summary['fired_before_nan']}")
+    if summary.get("not_applicable"):
+        print(f"not applicable at {args.steps} steps (left out of the counts): {', '.join(summary['not_applicable'])}")
     for check, m in margins.items():
         print(f"{check}: closest healthy value {m['value']:.3g}, threshold {m['threshold']:g}")
     return 0

@@ -10,8 +10,10 @@ import math
 import operator
 import os
 import secrets
+import signal
 import stat
 import sys
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,7 +22,7 @@ import numpy as np
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'fast_moments',
            'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
-           'atomic_output', 'atomic_write_text']
+           'atomic_output', 'atomic_write_text', 'sigint_deferred']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -438,3 +440,19 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
         with open(tmp, "w", encoding=encoding, newline="") as f:
             f.write(text)
     return Path(path)
+
+# %% ../nbs/08_stats.ipynb #69c2f2b9
+@contextlib.contextmanager
+def sigint_deferred():
+    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt

@@ -18,7 +18,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 from dataclasses import asdict
@@ -32,7 +31,7 @@ from .data import MAX_PAST_LEN, N_SYMBOLS, Batch, make_dataset
 from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
-from .stats import atomic_output, atomic_write_text, check_output_path, to_jsonable
+from .stats import atomic_output, atomic_write_text, check_output_path, sigint_deferred, to_jsonable
 from .train import (IRREGULAR_VERBS, REGULAR_VERBS, PastTenseModel, TrainConfig, blas_threads,
                                      params_sha256)
 from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, replay_masks,
@@ -1189,25 +1188,9 @@ def _check_out_folder(out: Path) -> Path:
     return out
 
 
-@contextlib.contextmanager
-def _sigint_deferred():
-    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
-    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
 def _publish_folder(staging: Path, out: Path) -> None:
     "Replace `out` by `staging` (two renames and a removal, Ctrl-C deferred): `out` is the new run or the previous one."
-    with _sigint_deferred():
+    with sigint_deferred():
         aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
         try:
             if out.exists():
@@ -1277,7 +1260,7 @@ def run_trace(args) -> tuple[dict, Sweep]:
         atomic_write_text(staging / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
         _publish_folder(staging, out)
     finally:
-        with _sigint_deferred():
+        with sigint_deferred():
             shutil.rmtree(staging, ignore_errors=True)
             if first_missing is not None and not out.exists():   # leave no empty folders behind a failed run
                 for folder in (out.parent, *out.parent.parents):

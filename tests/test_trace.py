@@ -600,7 +600,7 @@ def test_c1_interrupted_save_keeps_the_previous_run(tmp_path, monkeypatch):
 def test_c1_sigint_is_deferred_during_publication():
     import os
     import signal
-    from minitrain_inspect.trace import _sigint_deferred
+    from minitrain_inspect.stats import sigint_deferred as _sigint_deferred
     done = []
     with pytest.raises(KeyboardInterrupt):
         with _sigint_deferred():
