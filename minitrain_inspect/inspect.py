@@ -105,15 +105,19 @@ class TensorPanel(Panel):
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; a TensorPanel records {sorted(self.FIELDS)}")
         self.stats, self.fields, self.fast = stats, tuple(fields), bool(fast)
+        self._keys: dict[tuple[str, str], list] = {}
 
     def measure(self, history: History, prefix: str, name: str, step: int, x: np.ndarray,
                 stat: str | None = None) -> None:
         "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field` at `step`."
         start = self.clock()
+        keys = self._keys.get((prefix, name))
+        if keys is None:   # the history keys of this tensor, formatted once
+            keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{field}", self.FIELDS[field]) for field in self.fields]
         ### BEGIN SOLUTION
         tm = welford_update(self.stats[name if stat is None else stat], x, fast=self.fast)
-        for field in self.fields:
-            history.record(f"{prefix}/{name}/{field}", step, self.FIELDS[field](tm))
+        for key, field in keys:
+            history.record(key, step, field(tm))
         ### END SOLUTION
         if tm.nonfinite:        # recorded only when there are any: a clean run carries no series of zeros
             history.record(f"{prefix}/{name}/nonfinite", step, tm.nonfinite)

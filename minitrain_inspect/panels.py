@@ -212,8 +212,8 @@ class History:
             if not isinstance(key, str) or not key:
                 raise TypeError(f"a history key is a non-empty str, got {key!r}")
             series = BoundedSeries(self.max_points)
-        try:
-            series.append(step, _clean_value(value))
+        try:   # a finite float (the common case) is stored as it is
+            series.append(step, value if type(value) is float and value - value == 0.0 else _clean_value(value))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"history series {key!r}: {exc}") from None
         if new:  # only now: a failed first point leaves no empty series behind
