@@ -18,12 +18,12 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from .core import Module, Parameter, Sequential
-from .data import IRREGULAR_VERBS, REGULAR_VERBS, PastTenseData, make_dataset
+from .data import PastTenseData, make_dataset
 from .layers import Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .panels import unit_health
 from .stats import atomic_write_text, check_int, to_jsonable
-from .train import (VERDICTS, TrainConfig, TrainResult, blas_threads, evaluating)
+from .train import VERDICTS, TrainConfig, TrainResult, blas_threads, evaluating, run_data
 from .train import train as _train
 
 # %% auto #0
@@ -591,8 +591,7 @@ class Sabotage:
 
 def shuffled_labels(config: TrainConfig, seed: int = 7) -> PastTenseData:
     "The run's data with the training targets permuted (the held-out targets are left right)."
-    data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                        dtype=config.dtype)
+    data = run_data(config)
     perm = np.random.default_rng(seed).permutation(len(data.train))
     data.train.targets[...] = data.train.targets[perm]
     return data

@@ -21,20 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import IRREGULAR_VERBS, MAX_PAST_LEN, N_SYMBOLS, REGULAR_VERBS, iterate_batches, make_dataset
+from .data import MAX_PAST_LEN, N_SYMBOLS, iterate_batches
 from .inspect import EVERY_STEP, PANELS, Inspector
-from .layers import ReLU, Tanh
-from .losses import SoftmaxCrossEntropy
-from .optim import SGD, Adam
 from .panels import ACTIVATION_RANGES, SATURATION
 from .stats import atomic_write_text, check_output_path, to_jsonable
-from .train import OUTPUT_FEATURES, PastTenseModel, TrainConfig, params_sha256, run_to_end, training_steps
+from .train import (OUTPUT_FEATURES, TrainConfig, build_run, params_sha256, run_data, run_to_end,
+                                     training_steps)
 from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, TorchMissingError, require_torch, to_torch, torch_available, torch_optimizer
 
 # %% auto #0
 __all__ = ['VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF', 'MINITRAIN_VARIANTS',
-           'SCALING_VARIANTS', 'ROWS', 'FULL', 'QUICK', 'reference_data', 'TrainingRun', 'lockstep', 'torch_threads',
+           'SCALING_VARIANTS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
            'torch_per_example_loss', 'with_torch_dropout', 'torch_training_step', 'TorchWatcher', 'FastaiHooks',
            'torch_moments', 'torch_unit_health', 'TorchSpectralNorm', 'FullSetHooks', 'TorchRun', 'floor_arrays',
            'floor_bytes', 'read_seconds', 'measure', 'run_benchmark', 'blas_description', 'machine_description',
@@ -51,10 +49,6 @@ VARIANTS = {
 TORCH_VARIANTS = {"torch": None, "torch_hooks": "fastai", "torch_full": "full"}
 
 
-def reference_data(config: TrainConfig):
-    "The dataset `training_steps(config)` would build, built once so that no timed step pays for it."
-    return make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                        dtype=config.dtype)
 
 
 class TrainingRun:
@@ -380,14 +374,6 @@ def _full_loss(self, value: float, per_example, regular) -> None:
 FullSetHooks._before_step, FullSetHooks._after_step, FullSetHooks.loss = _full_before_step, _full_after_step, _full_loss
 
 # %% ../nbs/13_overhead.ipynb #51ef5405
-def _torch_digest(model) -> str:
-    import hashlib
-    digest = hashlib.sha256()
-    for _, p in model.named_parameters():
-        digest.update(p.detach().numpy().tobytes())
-    return digest.hexdigest()
-
-
 class TorchRun:
     "The PyTorch twin of `config`'s training run with a watcher (`hooks`: None, 'fastai', 'full'), advanced by `step()`."
 
@@ -397,9 +383,7 @@ class TorchRun:
         torch = self.torch = require_torch()
         if hooks not in self.WATCHERS:
             raise ValueError(f"hooks must be one of {list(self.WATCHERS)}, got {hooks!r}")
-        model = PastTenseModel(config.hidden, config.activation, config.dropout, seed=config.seed, dtype=config.dtype)
-        opt = (Adam(model.parameters(), lr=config.lr) if config.optimizer == "adam"
-               else SGD(model.parameters(), lr=config.lr, momentum=config.momentum))
+        model, opt, _ = build_run(config)
         self.model = with_torch_dropout(to_torch(model))
         self.optimizer = torch_optimizer(opt, self.model)
         watcher = self.WATCHERS[hooks]
@@ -422,7 +406,7 @@ class TorchRun:
             self._rng = self.torch.get_rng_state()
         if self.watcher is not None:
             self.watcher.remove()
-        return _torch_digest(self.model)
+        return params_sha256(self.model)     # duck-typed: a torch parameter converts to its NumPy array
 
 # %% ../nbs/13_overhead.ipynb #cf4ddd09
 FLOOR_PARTS = ("leaf outputs", "output gradients", "parameter gradients", "parameters")
@@ -432,9 +416,8 @@ def floor_arrays(config: TrainConfig, data=None) -> dict[str, list[np.ndarray]]:
     "The arrays the Inspector must read at one training step of `config`'s model and first batch, by `FLOOR_PARTS`."
     if not isinstance(config, TrainConfig):
         raise TypeError(f"floor_arrays needs a TrainConfig, got {type(config).__name__}")
-    data = reference_data(config) if data is None else data
-    model = PastTenseModel(config.hidden, config.activation, config.dropout, seed=config.seed, dtype=config.dtype)
-    loss_fn = SoftmaxCrossEntropy()
+    data = run_data(config) if data is None else data
+    model, _, loss_fn = build_run(config)
     batch = next(iterate_batches(data.train, config.batch_size, 1, seed=config.seed))
     parts = {part: [] for part in FLOOR_PARTS}
     handles = []
@@ -573,7 +556,7 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
     "Interleaved overhead benchmark of the reference workload, its floor, and scaling with width and batch size."
     variants = _check_benchmark(steps, repeats, width_repeats, against, variants)
     config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, blas_threads=blas_threads)
-    data = reference_data(config)
+    data = run_data(config)
     points = [("width", w, replace(config, hidden=(w, w))) for w in _check_sizes("widths", widths)]
     points += [("batch", b, replace(config, batch_size=b)) for b in _check_sizes("batches", batches, len(data.train))]
     extra = [p for p in points if p[2] != config]

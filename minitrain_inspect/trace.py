@@ -27,24 +27,24 @@ from typing import Callable, Iterable, NamedTuple
 import numpy as np
 
 from .core import Module, Parameter, Sequential
-from .data import MAX_PAST_LEN, N_SYMBOLS, Batch, make_dataset
+from .data import Batch
 from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
-from .stats import atomic_output, atomic_write_text, check_output_path, sigint_deferred, to_jsonable
-from .train import (IRREGULAR_VERBS, REGULAR_VERBS, PastTenseModel, TrainConfig, blas_threads,
-                                     params_sha256)
+from .stats import atomic_output, atomic_write_text, sigint_deferred, to_jsonable
+from .train import (PastTenseModel, TrainConfig, blas_threads, build_run, params_sha256,
+                                     run_data)
 from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, replay_masks,
                                     to_numpy_layout, to_torch, torch_available, torch_loss, torch_optimizer)
 
 # %% auto #0
 __all__ = ['PHASES', 'TRACE_FORMAT', 'TRACE_VERSION', 'DEFAULT_TOLERANCES', 'RESYNC_NOTE', 'COMPARE_WITH',
            'FLOAT32_UNIT_ROUNDOFF', 'TraceEvent', 'as_sink', 'TraceBuffer', 'Trace', 'Tracer', 'minitrain_step',
-           'build_run', 'save_trace', 'load_trace', 'tolerances', 'nonfinite_split', 'entry_errors', 'written_by',
-           'Comparison', 'judged_pair', 'compare_traces', 'MaskedDropout', 'minitrain_copy', 'copy_optimizer',
-           'shadow_optimizer', 'shadow_update', 'MinitrainReference', 'TorchReference', 'make_reference',
-           'resynced_step', 'trace_pair', 'sweep_batches', 'Sweep', 'sweep', 'rounding_ratio', 'compare_rounding',
-           'trace_cost', 'add_trace_arguments', 'run_trace', 'trace_command']
+           'save_trace', 'load_trace', 'tolerances', 'nonfinite_split', 'entry_errors', 'written_by', 'Comparison',
+           'judged_pair', 'compare_traces', 'MaskedDropout', 'minitrain_copy', 'copy_optimizer', 'shadow_optimizer',
+           'shadow_update', 'MinitrainReference', 'TorchReference', 'make_reference', 'resynced_step', 'trace_pair',
+           'sweep_batches', 'Sweep', 'sweep', 'rounding_ratio', 'compare_rounding', 'trace_cost', 'add_trace_arguments',
+           'run_trace', 'trace_command']
 
 # %% ../nbs/14_trace.ipynb #b5997d6a
 PHASES = ("batch", "forward", "loss", "loss_grad", "act_grad", "param_grad", "param_before", "param_after",
@@ -354,16 +354,6 @@ def minitrain_step(model: Module, loss_fn: Module, optimizer: Optimizer, inputs:
     model.backprop(loss_fn.backward().reshape(logits.shape))
     optimizer.step()
     return loss
-
-
-def build_run(config: TrainConfig) -> tuple:
-    "The model, optimiser and loss of a training run with `config`, built as `train` builds them."
-    model = PastTenseModel(config.hidden, config.activation, config.dropout, seed=config.seed, dtype=config.dtype)
-    if config.optimizer == "adam":
-        optimizer = Adam(model.parameters(), lr=config.lr)
-    else:
-        optimizer = SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    return model, optimizer, SoftmaxCrossEntropy()
 
 # %% ../nbs/14_trace.ipynb #c4975d5b
 TRACE_FORMAT, TRACE_VERSION = "minitrain-trace", 1
@@ -1035,8 +1025,7 @@ def sweep(config: TrainConfig, *, compare: str = "float64", batches: int = 1, st
     "Compare the model of `config` with a reference on `batches` non-overlapping batch groups of `steps` steps each."
     batches, steps = _positive_int("batches", batches), _positive_int("steps", steps)
     if data is None:
-        data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                            dtype=config.dtype)
+        data = run_data(config)
     groups = sweep_batches(data.train, config.batch_size, batches, steps, seed=config.seed)
     comparisons, traces = [], []
     with blas_threads(config.blas_threads):
@@ -1094,14 +1083,15 @@ def compare_rounding(a: Trace, b: Trace, *, multiplier: float = 20.0, atol: floa
     """Compare float32 trace `a` with float64 reference `b`: a row drifts when its rounding ratio exceeds `multiplier`
     and its largest absolute error exceeds `atol` (default `multiplier * 2**-24`, the rounding bound of a unit value)."""
     multiplier = _check_multiplier(multiplier)
-    comp = compare_traces(a, b, dtype="float32", atol=multiplier * FLOAT32_UNIT_ROUNDOFF if atol is None else atol)
+    rtol = multiplier * FLOAT32_UNIT_ROUNDOFF      # the rows' ratios use the tolerance the comparison reports
+    comp = compare_traces(a, b, rtol=rtol, atol=rtol if atol is None else atol)
     for r in comp.rows:
         if r["missing"] is not None:
             continue
         got, ref, _ = judged_pair(a, b, (r["step"], r["probe"], r["phase"]))
         r["rounding_ratio"] = rounding_ratio(got, ref)
         r["drift"] = r["rounding_ratio"] > multiplier and r["max_abs"] > comp.atol
-    return Comparison(comp.rows, multiplier * FLOAT32_UNIT_ROUNDOFF, comp.atol, criterion="float32 rounding",
+    return Comparison(comp.rows, rtol, comp.atol, criterion="float32 rounding",
                       multiplier=multiplier)
 
 # %% ../nbs/14_trace.ipynb #a2ae39d3
@@ -1109,8 +1099,7 @@ def trace_cost(config: TrainConfig | None = None, repeats: int = 7) -> dict:
     "Median seconds of one training step without and with a `Tracer` recording it (interleaved repeats, BLAS threads pinned)."
     config = TrainConfig(progress=False) if config is None else config
     repeats = _positive_int("repeats", repeats)
-    data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                        dtype=config.dtype)
+    data = run_data(config)
     batch = sweep_batches(data.train, config.batch_size, 1, 1, seed=config.seed)[0][0]
     model, optimizer, loss_fn = build_run(config)
     times = {"plain": [], "traced": []}
@@ -1232,8 +1221,7 @@ def run_trace(args) -> tuple[dict, Sweep]:
     "The work of `trace_command`: check everything, sweep, publish the files in one move; returns the JSON report and the sweep."
     config = _trace_config(args)
     opts = _sweep_options(args, config)
-    data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                        dtype=config.dtype)
+    data = run_data(config)
     sweep_batches(data.train, config.batch_size, opts["batches"], opts["steps"])   # do the batches fit?
     out = _check_out_folder(Path(args.out))
     first_missing = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)

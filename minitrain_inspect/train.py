@@ -26,7 +26,7 @@ from .optim import SGD, Adam, Optimizer
 # %% auto #0
 __all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits',
            'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'params_sha256', 'EarlyStop', 'TrainResult',
-           'RunControl', 'RunContext', 'training_steps', 'run_to_end', 'train']
+           'RunControl', 'RunContext', 'run_data', 'build_run', 'training_steps', 'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #f6e8ecbe
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -256,16 +256,25 @@ class RunContext(NamedTuple):
 OBSERVER_EVENTS = ("begin_run", "before_step", "after_step", "end_run")
 
 
-def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
-    if data is None:
-        data = make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
-                            dtype=config.dtype)
+def run_data(config: TrainConfig) -> PastTenseData:
+    "The dataset a run with `config` trains on (the lab's verbs always in the training split)."
+    return make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
+                        dtype=config.dtype)
+
+
+def build_run(config: TrainConfig) -> tuple[PastTenseModel, Optimizer, SoftmaxCrossEntropy]:
+    "The model, optimiser and loss of a run with `config` (the PyTorch twin, the trace and the benchmark build theirs so)."
     model = PastTenseModel(config.hidden, config.activation, config.dropout, seed=config.seed, dtype=config.dtype)
     if config.optimizer == "adam":
         optimizer = Adam(model.parameters(), lr=config.lr)
     else:
         optimizer = SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    return RunContext(model, optimizer, SoftmaxCrossEntropy(), config, data, RunControl())
+    return model, optimizer, SoftmaxCrossEntropy()
+
+
+def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
+    model, optimizer, loss_fn = build_run(config)
+    return RunContext(model, optimizer, loss_fn, config, run_data(config) if data is None else data, RunControl())
 
 
 def _check_diagnosis(config: TrainConfig, observers: list) -> None:

@@ -13,10 +13,10 @@ from minitrain_inspect.losses import SoftmaxCrossEntropy
 from minitrain_inspect.optim import Adam
 from minitrain_inspect.overhead import (FLOOR_PARTS, FastaiHooks, FullSetHooks, TorchRun, TrainingRun, _summarise,
                                         add_overhead_arguments, floor_arrays, floor_bytes, lockstep, measure,
-                                        overhead_command, read_seconds, reference_data, results_markdown, run_benchmark,
+                                        overhead_command, read_seconds, results_markdown, run_benchmark,
                                         torch_training_step, torch_unit_health, with_torch_dropout)
 from minitrain_inspect.train import (INPUT_FEATURES, MAX_PAST_LEN, N_SYMBOLS, OUTPUT_FEATURES, PastTenseModel,
-                                     TrainConfig)
+                                     TrainConfig, run_data)
 from minitrain_inspect.twin import TorchMissingError, torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available(), reason="PyTorch is not installed")
@@ -30,7 +30,7 @@ JSON_KEYS = {"overhead", "overhead_every_step", "overhead_disabled", "overhead_b
 
 @pytest.fixture(scope="module")
 def data():
-    return reference_data(SMALL)
+    return run_data(SMALL)
 
 
 def parse(*argv):
