@@ -6,12 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import asdict

@@ -120,12 +120,11 @@ class _SavedForBackward:
         self.entries.append((module.training, values))
 
     def pop(self, module: "Module") -> tuple:
-        name = type(module).__name__
         if not self.entries:
-            raise RuntimeError(f"{name}.backward called before forward")
+            raise RuntimeError(f"{type(module).__name__}.backward called before forward")
         training, values = self.entries[-1]
         if training != module.training and self.lost_mode == module.training:
-            raise RuntimeError(f"{name}.backward: a forward in {'training' if training else 'eval'} mode came "
+            raise RuntimeError(f"{type(module).__name__}.backward: a forward in {'training' if training else 'eval'} mode came "
                                "between this module's forward and its backward and replaced its saved values")
         self.stale = "read"
         if len(self.entries) > 1:
@@ -135,7 +134,7 @@ class _SavedForBackward:
             if self.pass_reads:
                 dropped = (f"; it was called more than max_saved_calls={module.max_saved_calls} times without a "
                            f"backward, and its oldest {self.dropped} call(s) were dropped") if self.dropped else ""
-                raise RuntimeError(f"{name}.backward ran more often in this backward pass than its forward calls "
+                raise RuntimeError(f"{type(module).__name__}.backward ran more often in this backward pass than its forward calls "
                                    f"left saved values for (a module called several times must be backpropagated "
                                    f"once per forward){dropped}")
             self.pass_reads = 1

@@ -12,18 +12,18 @@ import math
 import numbers
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from .core import Module, Parameter, Sequential
-from .data import PastTenseData, make_dataset
+from .core import Module, Sequential
+from .data import PastTenseData
 from .layers import Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .panels import unit_health
 from .stats import atomic_write_text, check_int, to_jsonable
-from .train import VERDICTS, TrainConfig, TrainResult, blas_threads, evaluating, run_data
+from .train import TrainConfig, TrainResult, evaluating, run_data
 from .train import train as _train
 
 # %% auto #0

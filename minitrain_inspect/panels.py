@@ -192,7 +192,7 @@ def _clean_value(value):
 
 
 def _not_a_value(value):
-    raise TypeError(f"a history value is a number, None or a flat list of numbers, got {value!r}")
+    raise TypeError(f"a value must be a number, None (null) or a flat list of those, got {value!r}")
 
 
 class History:
@@ -354,28 +354,12 @@ def _read_series(path: Path, number: int, line: str, max_points: int) -> tuple[s
     if not (last_step is None and not steps or type(last_step) is int and last_step >= max(previous, 0)):
         raise ValueError(f"{where}: series {key!r}: last_step must be an integer >= the last step, got {last_step!r}")
     try:
-        values = [_from_json(v) for v in values]
+        values = [_clean_value(v) for v in values]   # the same rules as `record`: null -> NaN, inf saturated
     except TypeError as exc:
         raise ValueError(f"{where}: series {key!r}: {exc}"[:400]) from None
     series = BoundedSeries(max_points)
     series.steps, series.values, series.stride, series.offered, series.last_step = steps, values, stride, offered, last_step
     return key, series
-
-
-def _from_json(value):
-    "A JSON value as stored in a series: null -> NaN, numbers -> float, flat lists of those; else TypeError."
-    if isinstance(value, list):
-        return [_scalar_from_json(v) for v in value]
-    return _scalar_from_json(value)
-
-
-def _scalar_from_json(value):
-    if value is None:
-        return math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = float(value)   # a literal beyond float64 (1e999) parses as inf: saturate it, as `record` does
-        return value if not math.isinf(value) else math.copysign(FLOAT64_MAX, value)
-    raise TypeError(f"a value must be a number, null or a flat list of those, got {value!r}")
 
 # %% ../nbs/09_panels.ipynb #40fad9a4
 class SpectralNorm:

@@ -14,7 +14,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
 from .stats import atomic_output, atomic_write_text, sigint_deferred, to_jsonable
-from .train import (PastTenseModel, TrainConfig, blas_threads, build_run, params_sha256,
+from .train import (PastTenseModel, TrainConfig, blas_threads, build_run,
                                      run_data)
 from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, replay_masks,
                                     to_numpy_layout, to_torch, torch_available, torch_loss, torch_optimizer)
@@ -779,12 +778,12 @@ class TorchReference:
         for name, module in self.leaves:
             handles.append(module.register_forward_hook(functools.partial(forward, name=name)))
         for pair in self.pairs:
-            hook = lambda p, name=pair.name, t=pair.transposed: record(name, "param_grad", p.grad.T if t else p.grad)
+            hook = lambda p, name=pair.name, t=pair.transposed: record(name, "param_grad", to_numpy_layout(p.grad, t))
             handles.append(pair.tensor.register_post_accumulate_grad_hook(hook))
         def params(phase):
             def hook(optimizer, args, kwargs):   # must return None: a pre hook's result replaces the arguments
                 for p in self.pairs:
-                    record(p.name, phase, p.tensor.T if p.transposed else p.tensor)
+                    record(p.name, phase, to_numpy_layout(p.tensor, p.transposed))
             return hook
 
         handles.append(self.optimizer.register_step_pre_hook(params("param_before")))
@@ -796,7 +795,7 @@ class TorchReference:
         torch = self.torch
         events = []
         record = lambda probe, phase, value: events.append(
-            TraceEvent(step, probe, phase, np.array(torch.as_tensor(value).detach().numpy(), copy=True)))
+            TraceEvent(step, probe, phase, value if isinstance(value, np.ndarray) else to_numpy_layout(value)))
         replay_masks(self.twin, masks)
         handles = self._hooks(record)
         try:
