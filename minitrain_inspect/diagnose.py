@@ -660,12 +660,14 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
     if es.stopped and not final:
         row["final_accuracy"] = None
     elif es.stopped:
-        full = dataclasses.replace(config, diagnose_every=None, early_stop=False)
-        try:
-            with np.errstate(all="ignore"):
-                row["final_accuracy"] = _accuracy(_train(full, data=data, observers=[Sabotage(**entry.sabotage)]))
-        except FloatingPointError as exc:
-            row["final_accuracy"], row["nan_step"] = None, int(str(exc).rsplit(" ", 1)[-1])
+        # The whole run, undiagnosed: early stop still ends it cleanly at a non-finite loss, and says where.
+        full = dataclasses.replace(config, diagnose_every=None, early_stop=True)
+        with np.errstate(all="ignore"):
+            whole = _train(full, data=data, observers=[Sabotage(**entry.sabotage)])
+        if whole.early_stop.stopped:
+            row["final_accuracy"], row["nan_step"] = None, whole.early_stop.step
+        else:
+            row["final_accuracy"] = _accuracy(whole)
     return to_jsonable(row)
 
 
