@@ -377,13 +377,12 @@ def run_length(history: History) -> str | None:
     if planned is None:
         return None
     stopped = _int(d.get("stopped_at"))
-    if "stopped_at" not in d and d.get("early_stop") and d.get("verdict") == "failing":   # an older diagnosis
-        stopped = _int(d.get("step")) if (_int(d.get("step")) or 0) < planned else None
     if stopped is not None:
         return f"{stopped} of {planned} steps, stopped early"
-    recorded = history.get("loss/train")[0]
-    if recorded.size and int(recorded[-1]) + 1 < planned:
-        return f"{int(recorded[-1]) + 1} of {planned} steps recorded"
+    loss = history.series.get("loss/train")
+    last = loss.last_step if loss is not None else None   # the last step offered: a thinned series may not keep it
+    if last is not None and last + 1 < planned:
+        return f"{last + 1} of {planned} steps recorded"
     return None
 
 

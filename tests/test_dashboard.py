@@ -374,3 +374,20 @@ def test_panels_measured_once_show_the_point_and_say_why(stopped_run):
 
 def test_a_run_measured_throughout_gets_no_note(figure):
     assert not any("measured:" in ax.get_xlabel() for ax in figure.axes)
+
+
+def test_a_complete_run_with_a_thinned_loss_series_is_not_called_short():
+    "Regression: 2,000 steps thinned to every 4th point read as '1997 of 2000 steps recorded' on a complete run."
+    from minitrain_inspect.dashboard import run_length
+    from minitrain_inspect.panels import History
+    h = History(max_points=512)
+    h.meta["config"] = {"steps": 2000}
+    for step in range(2000):
+        h.record("loss/train", step, 1.0)
+    assert h.get("loss/train")[0][-1] < 1999          # the last point was thinned away
+    assert run_length(h) is None
+    short = History()
+    short.meta["config"] = {"steps": 2000}
+    for step in range(30):
+        short.record("loss/train", step, 1.0)
+    assert run_length(short) == "30 of 2000 steps recorded"
