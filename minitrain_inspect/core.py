@@ -10,7 +10,21 @@ from typing import Callable, Iterator
 import numpy as np
 
 # %% auto #0
-__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential']
+__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential']
+
+# %% ../nbs/00_core.ipynb #315665ba
+def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = Exception, contains: str | None = None) -> BaseException:
+    "Call `fn()` and return the `error` it raises; fail with a clear message if it raises nothing, something else, or a message without `contains`."
+    expected = error.__name__ if isinstance(error, type) else " or ".join(e.__name__ for e in error)
+    try:
+        fn()
+    except error as exc:
+        if contains is not None and contains not in str(exc):
+            raise AssertionError(f"expected {expected} mentioning {contains!r}, got {type(exc).__name__}: {exc}") from exc
+        return exc
+    except Exception as exc:
+        raise AssertionError(f"expected {expected}, got {type(exc).__name__}: {exc}") from exc
+    raise AssertionError(f"expected {expected}{f' mentioning {contains!r}' if contains else ''}, but nothing was raised")
 
 # %% ../nbs/00_core.ipynb #eb75b8bd
 DEFAULT_DTYPE = np.dtype(np.float32)
