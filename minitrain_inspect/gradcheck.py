@@ -42,11 +42,12 @@ def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = 1e-6) -
     ### END SOLUTION
     return grad
 
-# %% ../nbs/04_gradcheck.ipynb #1e661d8d
+# %% ../nbs/04_gradcheck.ipynb #c6be061b
 def check_module_gradients(module: Module, x: np.ndarray, seed: int = 1234, h: float = 1e-6) -> dict[str, float]:
     "Relative error of `module`'s analytic gradients (input and every parameter) against finite differences."
     if x.dtype != np.float64:
         raise TypeError(f"gradient checks need float64 input, got {x.dtype}")
+    ### BEGIN SOLUTION
     x = x.copy()
     R = np.random.default_rng(seed).standard_normal(module(x).shape)
     f = lambda: float((module(x) * R).sum())
@@ -58,6 +59,7 @@ def check_module_gradients(module: Module, x: np.ndarray, seed: int = 1234, h: f
     for name, p in module.named_parameters():
         errors[name] = relative_error(analytic[name], numerical_gradient(f, p.data, h))
     return errors
+    ### END SOLUTION
 
 # %% ../nbs/04_gradcheck.ipynb #d1c77a0b
 def check_loss_gradient(loss_fn: Module, logits: np.ndarray, targets: np.ndarray, h: float = 1e-6) -> float:
