@@ -159,6 +159,16 @@ class _SavedForBackward:
             self.stale = "mode"
 
 # %% ../nbs/00_core.ipynb #edf2f23b
+def _method_of(cls: type, name: str | None = None):
+    "Decorator: attach the function to `cls` as the method `name` (by default its own name without the first underscore)."
+    def add(fn):
+        method = name or fn.__name__[1:]
+        fn.__name__, fn.__qualname__ = method, f"{cls.__name__}.{method}"
+        setattr(cls, method, fn)
+        return fn
+    return add
+
+
 class Module:
     "Base class: subclasses write `forward` and `backward`; the base class adds hooks, saved values, traversal and train/eval mode."
 
@@ -185,40 +195,6 @@ class Module:
     def saved_for_backward(self) -> tuple:
         "In `backward`: the values saved by the most recent forward call not yet undone (last in, first out)."
         return self._saved.pop(self)
-
-    def __call__(self, *args, **kwargs):
-        ### BEGIN SOLUTION
-        output = self.forward(*args, **kwargs)
-        if self._forward_hooks:
-            for hook in tuple(self._forward_hooks.values()):
-                hook(self, args, kwargs, output)
-        return output
-        ### END SOLUTION
-
-    def run_backward(self, grad_output):
-        "Run module backward hooks on `grad_output`, then `backward`. Containers call this on their children."
-        ### BEGIN SOLUTION
-        if self._backward_hooks:
-            for hook in tuple(self._backward_hooks.values()):
-                hook(self, grad_output)
-        return self.backward(grad_output)
-        ### END SOLUTION
-
-    def backprop(self, grad_output):
-        "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
-        modules = [module for _, module in self.named_modules()]
-        for module in modules:  # a pass begins: saved values count their reads from here
-            module._saved.pass_reads = 0
-        try:
-            grad_input = self.run_backward(grad_output)
-        finally:
-            for module in modules:
-                module._saved.pass_reads = None
-        for param in self.parameters():
-            if param._backward_hooks:
-                for hook in tuple(param._backward_hooks.values()):
-                    hook(param, param.grad)
-        return grad_input
 
     def register_forward_hook(self, hook_fn: Callable) -> HookHandle:
         "Call `hook_fn(module, args, kwargs, output)` after every forward call."
@@ -304,7 +280,50 @@ class Module:
         body = "".join(f"\n  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in kids)
         return head + body + "\n)"
 
-# %% ../nbs/00_core.ipynb #14674230
+# %% ../nbs/00_core.ipynb #7bc27dec
+@_method_of(Module, "__call__")
+def _call(self: Module, *args, **kwargs):
+    "Run `forward`, then each forward hook as `hook(module, args, kwargs, output)`; return the output."
+    ### BEGIN SOLUTION
+    output = self.forward(*args, **kwargs)
+    if self._forward_hooks:
+        for hook in tuple(self._forward_hooks.values()):
+            hook(self, args, kwargs, output)
+    return output
+    ### END SOLUTION
+
+# %% ../nbs/00_core.ipynb #eabdcbc4
+@_method_of(Module)
+def _run_backward(self: Module, grad_output):
+    "Run module backward hooks on `grad_output`, then `backward`. Containers call this on their children."
+    ### BEGIN SOLUTION
+    if self._backward_hooks:
+        for hook in tuple(self._backward_hooks.values()):
+            hook(self, grad_output)
+    return self.backward(grad_output)
+    ### END SOLUTION
+
+# %% ../nbs/00_core.ipynb #0b2961ba
+@_method_of(Module)
+def _backprop(self: Module, grad_output):
+    "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
+    modules = [module for _, module in self.named_modules()]
+    for module in modules:  # a pass begins: saved values count their reads from here
+        module._saved.pass_reads = 0
+    try:
+        grad_input = self.run_backward(grad_output)
+    finally:
+        for module in modules:
+            module._saved.pass_reads = None
+    ### BEGIN SOLUTION
+    for param in self.parameters():
+        if param._backward_hooks:
+            for hook in tuple(param._backward_hooks.values()):
+                hook(param, param.grad)
+    ### END SOLUTION
+    return grad_input
+
+# %% ../nbs/00_core.ipynb #5c043436
 class Sequential(Module):
     "Chain of modules. `Sequential(a, b)` names them `0`, `1`; `Sequential(fc=a, act=b)` uses the given names."
 
@@ -333,12 +352,16 @@ class Sequential(Module):
 
     def forward(self, x):
         "Call every layer in order on the previous one's output."
+        ### BEGIN SOLUTION
         for layer in self.layers:
             x = layer(x)
         return x
+        ### END SOLUTION
 
     def backward(self, grad_output):
         "Send the gradient back through the layers in reverse order, firing each one's backward hooks."
+        ### BEGIN SOLUTION
         for layer in reversed(self.layers):
             grad_output = layer.run_backward(grad_output)
         return grad_output
+        ### END SOLUTION
