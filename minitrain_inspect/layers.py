@@ -100,7 +100,7 @@ class ReLU(Module):
         return grad_output * (y > 0)
         ### END SOLUTION
 
-
+# %% ../nbs/01_layers.ipynb #e6298761
 class Tanh(Module):
     "Hyperbolic tangent."
 
@@ -120,7 +120,7 @@ class Tanh(Module):
         return grad_output * (1 - y * y)
         ### END SOLUTION
 
-# %% ../nbs/01_layers.ipynb #e6298761
+# %% ../nbs/01_layers.ipynb #a85425b0
 class Dropout(Module):
     "Zero each entry with probability `p` in training mode (scaling the rest by `1/(1-p)`); identity in eval mode."
 
@@ -137,15 +137,19 @@ class Dropout(Module):
         if not self.training or self.p == 0.0:
             self.save_for_backward(None)
             return x
+        ### BEGIN SOLUTION
         keep = self.rng.random(x.shape, dtype=x.dtype) >= self.p
         mask = keep * x.dtype.type(1.0 / (1.0 - self.p))
         self.save_for_backward(mask)
         return x * mask
+        ### END SOLUTION
 
     def backward(self, grad_output):
         "Apply the forward call's mask to the gradient."
+        ### BEGIN SOLUTION
         mask, = self.saved_for_backward()
         return grad_output if mask is None else grad_output * mask
+        ### END SOLUTION
 
     @property
     def last_mask(self):
@@ -158,7 +162,7 @@ class Dropout(Module):
         "The constructor arguments, for `repr`."
         return f"p={self.p}"
 
-# %% ../nbs/01_layers.ipynb #00398dda
+# %% ../nbs/01_layers.ipynb #3aeef5cd
 class LayerNorm(Module):
     "Normalise over the last axis, then scale by `weight` and shift by `bias`."
 
@@ -185,6 +189,7 @@ class LayerNorm(Module):
 
     def backward(self, grad_output):
         "Accumulate the weight and bias gradients; return the input gradient."
+        ### BEGIN SOLUTION
         x_hat, inv_std = self.saved_for_backward()
         g2 = grad_output.reshape(-1, self.features)
         self.weight.grad += (g2 * x_hat.reshape(-1, self.features)).sum(axis=0)
@@ -192,6 +197,7 @@ class LayerNorm(Module):
         gx_hat = grad_output * self.weight.data
         return inv_std * (gx_hat - gx_hat.mean(axis=-1, keepdims=True)
                           - x_hat * (gx_hat * x_hat).mean(axis=-1, keepdims=True))
+        ### END SOLUTION
 
     def extra_repr(self):
         "The constructor arguments, for `repr`."
