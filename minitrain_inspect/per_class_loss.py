@@ -49,9 +49,11 @@ def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray,
                          f"the first {loss[i]} at index {i} (verb {labels[i]!r})")
     return loss, labels
 
-# %% ../nbs/06_per_class_loss.ipynb #00bef6f4
+# %% ../nbs/06_per_class_loss.ipynb #b5066423
 def _mean_or_nan(values: np.ndarray) -> float:
+    ### BEGIN SOLUTION
     return float(values.mean(dtype=np.float64)) if values.size else math.nan
+    ### END SOLUTION
 
 
 def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: np.ndarray) -> tuple[float, float]:
@@ -66,9 +68,33 @@ def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: 
         total = float(loss.sum(dtype=np.float64)) if loss.size else 0.0
     if not math.isfinite(total) and not np.isfinite(loss).all():
         raise ValueError(f"per_example_loss has {int((~np.isfinite(loss)).sum())} non-finite value(s)")
+    ### BEGIN SOLUTION
     return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
+    ### END SOLUTION
 
+# %% ../nbs/06_per_class_loss.ipynb #eeab447f
+def _lab_masks(labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    "Masks of the lab's regular and irregular verbs (`REGULAR_VERBS`, `IRREGULAR_VERBS`); other verbs are in neither."
+    ### BEGIN SOLUTION
+    regular = np.fromiter((label in REGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
+    irregular = np.fromiter((label in IRREGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
+    return regular, irregular
+    ### END SOLUTION
 
+# %% ../nbs/06_per_class_loss.ipynb #a665998a
+def _lexicon_masks(labels: list[str], lexicon: Lexicon | None) -> tuple[np.ndarray, np.ndarray]:
+    "Masks by the lexicon's labels (the shipped one if `lexicon` is None): every verb counts; unknown verbs raise."
+    ### BEGIN SOLUTION
+    lexicon = load_lexicon() if lexicon is None else lexicon
+    if not lexicon.lemmas.issuperset(labels):
+        unknown = sorted(set(labels) - lexicon.lemmas)
+        raise ValueError(f"unknown verb {unknown[0]!r}: it is not in the lexicon ({len(unknown)} unknown label(s))")
+    regular_lemmas = lexicon.regular_lemmas
+    regular = np.fromiter((label in regular_lemmas for label in labels), dtype=bool, count=len(labels))
+    return regular, ~regular
+    ### END SOLUTION
+
+# %% ../nbs/06_per_class_loss.ipynb #cd8c0e1a
 def class_masks(verb_labels: Sequence[str], *, by: str = "lab",
                 lexicon: Lexicon | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks `(regular, irregular)` of the examples, from their lemmas.
@@ -76,22 +102,11 @@ def class_masks(verb_labels: Sequence[str], *, by: str = "lab",
     `by="lab"` uses `REGULAR_VERBS` and `IRREGULAR_VERBS` and leaves other verbs out of both; `by="lexicon"` uses the
     lexicon's labels (every verb counts, an unknown verb raises `ValueError`)."""
     labels = _check_labels(verb_labels)
-    ### BEGIN SOLUTION
     if by == "lab":
-        regular = np.fromiter((label in REGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
-        irregular = np.fromiter((label in IRREGULAR_VERBS for label in labels), dtype=bool, count=len(labels))
-    elif by == "lexicon":
-        lexicon = load_lexicon() if lexicon is None else lexicon
-        if not lexicon.lemmas.issuperset(labels):
-            unknown = sorted(set(labels) - lexicon.lemmas)
-            raise ValueError(f"unknown verb {unknown[0]!r}: it is not in the lexicon ({len(unknown)} unknown label(s))")
-        regular_lemmas = lexicon.regular_lemmas
-        regular = np.fromiter((label in regular_lemmas for label in labels), dtype=bool, count=len(labels))
-        irregular = ~regular
-    else:
-        raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")
-    return regular, irregular
-    ### END SOLUTION
+        return _lab_masks(labels)
+    if by == "lexicon":
+        return _lexicon_masks(labels, lexicon)
+    raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")
 
 
 def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str], *, by: str = "lab",
