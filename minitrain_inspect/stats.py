@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 # %% auto #0
-__all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'fast_moments',
-           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
-           'atomic_output', 'atomic_write_text', 'sigint_deferred']
+__all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
+           'fast_moments', 'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize',
+           'check_output_path', 'atomic_output', 'atomic_write_text', 'sigint_deferred']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -211,17 +211,30 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
 
 # %% ../nbs/08_stats.ipynb #ad01aff5
 _FAST_MEAN_SQUARE = (1e-30, 1e30)  # float32 squares and their sum stay far from underflow and overflow
+_ROW = 64                           # values in each float32 partial sum of `blas_sum`
+_ONES = np.ones(_ROW, dtype=np.float32)
+
+
+def blas_sum(flat: np.ndarray) -> float:
+    """Sum of a 1-D float32 array by one BLAS matrix-vector product: float32 sums of rows of 64 values, added in
+    float64. Not exact: off by at most 63 * 2**-24 * sum(|x|) (4e-6 of it), typically 1e-9 of it."""
+    body = flat.size - flat.size % _ROW
+    total = float(np.add.reduce(flat[:body].reshape(-1, _ROW) @ _ONES, dtype=np.float64)) if body else 0.0
+    if body < flat.size:
+        total += float(np.add.reduce(flat[body:], dtype=np.float64))
+    return total
 
 
 def fast_moments(x) -> TensorMoments:
-    """`tensor_moments` in four memory-speed passes for a finite float32 array (M2 within about 2e-6 relative; mean,
-    min and max exact); any other input, or data whose variance would cancel, takes the exact `tensor_moments`."""
+    """`tensor_moments` in four memory-speed passes for a finite float32 array (mean within 4e-6 of the data's mean
+    absolute value, M2 within about 2e-6 relative; min and max exact); any other input, or data whose variance would
+    cancel, takes the exact `tensor_moments`."""
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.size > 1):
         return tensor_moments(x)
     flat = x.reshape(-1)
     n = flat.size
     ### BEGIN SOLUTION
-    total = float64_sum(flat)                     # NaN or inf makes this non-finite: float32 cannot overflow it
+    total = blas_sum(flat)                        # NaN, inf, or a float32 row sum that overflows: non-finite
     if not math.isfinite(total):
         return tensor_moments(x)
     lo, hi = float(flat.min()), float(flat.max())
