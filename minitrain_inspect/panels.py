@@ -16,8 +16,8 @@ from .stats import FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
-           'LogSchedule', 'as_schedule', 'BoundedSeries', 'History', 'SpectralNorm', 'UnitHealth', 'unit_health',
-           'Histogram', 'histogram_edges', 'fixed_histogram']
+           'LogSchedule', 'as_schedule', 'BoundedSeries', 'History', 'SpectralNorm', 'power_iteration', 'UnitHealth',
+           'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram']
 
 # %% ../nbs/09_panels.ipynb #80061fe1
 def _check_step(step) -> int:
@@ -125,13 +125,9 @@ class BoundedSeries:
     def append(self, step: int, value) -> None:
         "Offer the point `(step, value)`: same step as the last replaces it, an earlier step raises ValueError."
         step = _check_step(step)
-        ### BEGIN SOLUTION
         if self.last_step is not None and step <= self.last_step:
-            if step < self.last_step:
-                raise ValueError(f"step {step} comes before the last recorded step {self.last_step}")
-            if self.steps and self.steps[-1] == step:
-                self.values[-1] = value  # the same step again: the latest value wins
-            return  # (a repeat of a step the thinning skipped is skipped too)
+            return self._repeat(step, value)   # a step seen before: exercise series_repeat, below
+        ### BEGIN SOLUTION
         keep = self.offered % self.stride == 0
         self.offered += 1
         self.last_step = step
@@ -169,6 +165,19 @@ def _same_values(a: list, b: list) -> bool:
         elif not (x == y or (x != x and y != y)):
             return False
     return True
+
+# %% ../nbs/09_panels.ipynb #a625cc12
+def _repeat(self: BoundedSeries, step: int, value) -> None:
+    "A step not after the last offered one: an earlier step raises ValueError; the same step replaces its value if kept."
+    ### BEGIN SOLUTION
+    if step < self.last_step:
+        raise ValueError(f"step {step} comes before the last recorded step {self.last_step}")
+    if self.steps and self.steps[-1] == step:
+        self.values[-1] = value  # the same step again: the latest value wins
+    ### END SOLUTION
+
+
+BoundedSeries._repeat = _repeat
 
 # %% ../nbs/09_panels.ipynb #c159bb28
 HISTORY_FORMAT = "minitrain-inspect history"
@@ -379,29 +388,31 @@ class SpectralNorm:
             v = np.random.default_rng(self.seed).standard_normal(W.shape[1]).astype(W.dtype)
             self._x, self._left, steps = v / np.linalg.norm(v), False, 2 * self.warmup
         with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below, and handled
-            sigma, x = self._iterate(W, self._x, self._left, steps)
+            sigma, x = power_iteration(W, self._x, self._left, steps)
         if not math.isfinite(sigma) and all_finite(W):
             # Finite weights whose products overflow float32 (sigma above about 1.8e19): iterate on W / 2**k in
             # float64, which is exact scaling, and scale the answer back. A huge norm is a number, never a gap.
             k = math.frexp(float(np.abs(W).max()))[1]
-            sigma, x = self._iterate(np.ldexp(W.astype(np.float64), -k), self._x.astype(np.float64), self._left, steps)
+            sigma, x = power_iteration(np.ldexp(W.astype(np.float64), -k), self._x.astype(np.float64), self._left, steps)
             sigma = min(math.ldexp(sigma, k), FLOAT64_MAX)
         if x is not None:
             self._x, self._left = x.astype(W.dtype), self._left ^ (steps % 2 == 1)
         return sigma
 
-    @staticmethod
-    def _iterate(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tuple[float, np.ndarray | None]:
-        """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and
-        normalises. Returns (sigma, the last unit vector), or (0 or nan, None) at a zero or an overflow."""
-        sigma = 0.0
-        for _ in range(steps):
-            y = W.T @ x if left else W @ x
-            sigma = math.sqrt(float(np.dot(y, y)))
-            if sigma == 0.0 or not math.isfinite(sigma):
-                return (sigma, None) if math.isfinite(sigma) else (math.nan, None)
-            x, left = y / sigma, not left
-        return sigma, x
+# %% ../nbs/09_panels.ipynb #bb8eda73
+def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tuple[float, np.ndarray | None]:
+    """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and
+    normalises. Returns (sigma, the last unit vector), or (0 or nan, None) at a zero or an overflow."""
+    ### BEGIN SOLUTION
+    sigma = 0.0
+    for _ in range(steps):
+        y = W.T @ x if left else W @ x
+        sigma = math.sqrt(float(np.dot(y, y)))
+        if sigma == 0.0 or not math.isfinite(sigma):
+            return (sigma, None) if math.isfinite(sigma) else (math.nan, None)
+        x, left = y / sigma, not left
+    return sigma, x
+    ### END SOLUTION
 
 # %% ../nbs/09_panels.ipynb #c4cc4419
 SATURATION = 0.97  # |tanh| above this is saturated: local gradient 1 - a^2 < 0.06
