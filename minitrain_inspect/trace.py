@@ -39,11 +39,11 @@ from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, r
 # %% auto #0
 __all__ = ['PHASES', 'TRACE_FORMAT', 'TRACE_VERSION', 'DEFAULT_TOLERANCES', 'RESYNC_NOTE', 'COMPARE_WITH',
            'FLOAT32_UNIT_ROUNDOFF', 'TraceEvent', 'as_sink', 'TraceBuffer', 'Trace', 'Tracer', 'minitrain_step',
-           'save_trace', 'load_trace', 'tolerances', 'nonfinite_split', 'entry_errors', 'written_by', 'Comparison',
-           'judged_pair', 'compare_traces', 'MaskedDropout', 'minitrain_copy', 'copy_optimizer', 'shadow_optimizer',
-           'shadow_update', 'MinitrainReference', 'TorchReference', 'make_reference', 'resynced_step', 'trace_pair',
-           'sweep_batches', 'Sweep', 'sweep', 'rounding_ratio', 'compare_rounding', 'trace_cost', 'add_trace_arguments',
-           'run_trace', 'trace_command']
+           'save_trace', 'load_trace', 'tolerances', 'nonfinite_split', 'entry_errors', 'written_by',
+           'find_first_drift', 'Comparison', 'judged_pair', 'compare_traces', 'MaskedDropout', 'minitrain_copy',
+           'copy_optimizer', 'shadow_optimizer', 'shadow_update', 'MinitrainReference', 'TorchReference',
+           'make_reference', 'resynced_step', 'trace_pair', 'sweep_batches', 'Sweep', 'sweep', 'rounding_ratio',
+           'compare_rounding', 'trace_cost', 'add_trace_arguments', 'run_trace', 'trace_command']
 
 # %% ../nbs/14_trace.ipynb #b5997d6a
 PHASES = ("batch", "forward", "loss", "loss_grad", "act_grad", "param_grad", "param_before", "param_after",
@@ -172,33 +172,8 @@ class _StepRecord:
 
 # %% ../nbs/14_trace.ipynb #e9288b9a
 class _TracerHooks:
-    "The hook handlers of `Tracer` (a mixin: `Tracer` supplies `_record`, `_names` and `_flush`)."
-
-    def _leaf_forward(self, module, args, kwargs, output, name):
-        record = self._record(module)
-        if record is None:
-            return
-        ### BEGIN SOLUTION
-        k = record.fwd_calls.get(name, 0)
-        record.fwd_calls[name] = k + 1
-        probe = name if k == 0 else f"{name}#{k}"
-        record.graph[probe] = record.producer.get(id(args[0]), "inputs") if args else "inputs"
-        record.producer[id(output)] = probe
-        record.alive.append(output)
-        record.forward.append(record.event(probe, "forward", output))
-        ### END SOLUTION
-
-    def _leaf_backward(self, module, grad_output, name):
-        record = self._record(module)
-        if record is None:
-            return
-        ### BEGIN SOLUTION
-        k = record.bwd_calls.get(name, 0)
-        record.bwd_calls[name] = k + 1
-        call = record.fwd_calls.get(name, 1) - 1 - k   # backward visits a reused layer's calls last first
-        probe = name if call <= 0 else f"{name}#{call}"
-        record.backward.append(record.event(probe, "act_grad", grad_output))
-        ### END SOLUTION
+    """The hook handlers of `Tracer` (a mixin: `Tracer` supplies `_record`, `_names` and `_flush`); the leaf layers'
+    handlers `_leaf_forward` and `_leaf_backward` are attached below."""
 
     def _model_forward(self, module, args, kwargs, output):
         record = self._record(module)
@@ -354,6 +329,42 @@ def minitrain_step(model: Module, loss_fn: Module, optimizer: Optimizer, inputs:
     optimizer.step()
     return loss
 
+# %% ../nbs/14_trace.ipynb #aea48550
+def _leaf_forward(self, module, args, kwargs, output, name):
+    "Forward hook of leaf layer `name`: record its output as probe `name` (`name#k` for its k-th call in the step) and its input's source."
+    record = self._record(module)
+    if record is None:
+        return
+    ### BEGIN SOLUTION
+    k = record.fwd_calls.get(name, 0)
+    record.fwd_calls[name] = k + 1
+    probe = name if k == 0 else f"{name}#{k}"
+    record.graph[probe] = record.producer.get(id(args[0]), "inputs") if args else "inputs"
+    record.producer[id(output)] = probe
+    record.alive.append(output)
+    record.forward.append(record.event(probe, "forward", output))
+    ### END SOLUTION
+
+
+_TracerHooks._leaf_forward = _leaf_forward
+
+# %% ../nbs/14_trace.ipynb #2fd1bde4
+def _leaf_backward(self, module, grad_output, name):
+    "Backward hook of leaf layer `name`: record the gradient arriving at its output, named after the forward call it undoes."
+    record = self._record(module)
+    if record is None:
+        return
+    ### BEGIN SOLUTION
+    k = record.bwd_calls.get(name, 0)
+    record.bwd_calls[name] = k + 1
+    call = record.fwd_calls.get(name, 1) - 1 - k   # backward visits a reused layer's calls last first
+    probe = name if call <= 0 else f"{name}#{call}"
+    record.backward.append(record.event(probe, "act_grad", grad_output))
+    ### END SOLUTION
+
+
+_TracerHooks._leaf_backward = _leaf_backward
+
 # %% ../nbs/14_trace.ipynb #c4975d5b
 TRACE_FORMAT, TRACE_VERSION = "minitrain-trace", 1
 
@@ -381,8 +392,8 @@ def save_trace(trace: Trace, folder, name: str) -> tuple[Path, Path]:
 _ENTRY_FIELDS = {"step", "probe", "phase", "key", "shape", "dtype"}
 
 
-def _checked_entry(entry, arrays, where: str) -> TraceEvent:
-    "The event described by manifest `entry`, its array taken from `arrays`; `ValueError` naming `where` if anything is off."
+def _entry_fields(entry, where: str) -> tuple[int, np.dtype]:
+    "The step and dtype of manifest `entry`, once each of its six fields is checked; `ValueError` naming `where` if one is off."
     ### BEGIN SOLUTION
     if not isinstance(entry, dict) or set(entry) != _ENTRY_FIELDS:
         raise ValueError(f"{where}: expected an object with fields {sorted(_ENTRY_FIELDS)}, got {entry!r:.120}")
@@ -401,14 +412,27 @@ def _checked_entry(entry, arrays, where: str) -> TraceEvent:
         raise ValueError(f"{where}: dtype {entry['dtype']!r} is not a NumPy dtype") from None
     if dtype.kind not in "fiub":
         raise ValueError(f"{where}: dtype {dtype} is not numeric (a trace holds float, int, unsigned or bool arrays)")
+    return step, dtype
+    ### END SOLUTION
+
+# %% ../nbs/14_trace.ipynb #c8fc48d9
+def _entry_array(entry: dict, arrays, dtype: np.dtype, where: str) -> np.ndarray:
+    "The array of checked manifest `entry`, from `arrays`, with the shape and `dtype` the entry promises; `ValueError` otherwise."
+    ### BEGIN SOLUTION
     if not isinstance(entry["key"], str) or entry["key"] not in arrays:
         raise ValueError(f"{where}: array {entry['key']!r} is missing from the .npz file")
     value = arrays[entry["key"]]
-    if value.shape != tuple(shape) or value.dtype != dtype:
+    if value.shape != tuple(entry["shape"]) or value.dtype != dtype:
         raise ValueError(f"{where}: the array has shape {value.shape} and dtype {value.dtype}, "
-                         f"the manifest says {tuple(shape)} and {dtype}")
-    return TraceEvent(step, entry["probe"], entry["phase"], value)
+                         f"the manifest says {tuple(entry['shape'])} and {dtype}")
+    return value
     ### END SOLUTION
+
+
+def _checked_entry(entry, arrays, where: str) -> TraceEvent:
+    "The event described by manifest `entry`, its array taken from `arrays`; `ValueError` naming `where` if anything is off."
+    step, dtype = _entry_fields(entry, where)
+    return TraceEvent(step, entry["probe"], entry["phase"], _entry_array(entry, arrays, dtype, where))
 
 # %% ../nbs/14_trace.ipynb #d70de4a7
 def load_trace(path) -> Trace:
@@ -524,6 +548,13 @@ def written_by(probe: str, phase: str, graph: dict) -> str:
     return {"loss": "loss", "loss_grad": "loss", "param_after": "optimizer"}.get(phase, "data")
 
 # %% ../nbs/14_trace.ipynb #a8427ef5
+def find_first_drift(rows: list[dict]) -> dict | None:
+    "The first row whose `drift` is true, in the order given (computation order), or None if none drifts."
+    ### BEGIN SOLUTION
+    return next((r for r in rows if r["drift"]), None)
+    ### END SOLUTION
+
+# %% ../nbs/14_trace.ipynb #0ac9dd1e
 class Comparison:
     "The rows of `compare_traces` (one per step, probe and phase, in trace `a`'s order) and the first drift."
 
@@ -531,7 +562,7 @@ class Comparison:
                  multiplier: float | None = None):
         self.rows, self.rtol, self.atol = rows, rtol, atol
         self.criterion, self.multiplier = criterion, multiplier   # how rows were judged, and the rounding multiple
-        self.first_drift = next((r for r in rows if r["drift"]), None)
+        self.first_drift = find_first_drift(rows)
 
     @property
     def drifted(self) -> bool:
@@ -865,9 +896,9 @@ def _graph_pass(model: Module, loss_fn: Module, inputs, targets) -> tuple[dict, 
     return masks, graph, terminals
 
 # %% ../nbs/14_trace.ipynb #de99d2b9
-def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: int, inputs, targets, ref: dict,
-                  graph: dict, terminals: list[str]) -> dict:
-    "One step of `model` with every layer fed the reference's inputs (`ref[(probe, phase)]`); its probes by (probe, phase)."
+def _resync_forward(model: Module, loss_fn: Module, inputs, targets, ref: dict, graph: dict,
+                    terminals: list[str]) -> dict:
+    "The forward half of a re-synced step: parameters set and every layer fed from the reference; the probes so far."
     params = dict(model.named_parameters())
     dtype = next(iter(params.values())).dtype
     cast = lambda v: np.array(v, dtype=dtype)
@@ -882,9 +913,20 @@ def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: in
     logits = functools.reduce(lambda a, b: a + b, [cast(ref[t, "forward"]) for t in terminals])
     ev["logits", "forward"] = logits
     ev["loss", "loss"] = np.array(loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss, dtype=np.float64)
-    ev["logits", "loss_grad"] = loss_grad = loss_fn.backward().reshape(logits.shape)
+    ev["logits", "loss_grad"] = loss_fn.backward().reshape(logits.shape)
+    ### END SOLUTION
+    return ev
+
+# %% ../nbs/14_trace.ipynb #1e65102e
+def _resync_backward(model: Module, optimizer: Optimizer, ref: dict, graph: dict, terminals: list[str], ev: dict) -> dict:
+    "The backward half and the update of a re-synced step: every layer, and the optimiser, fed from the reference; `ev` completed."
+    params = dict(model.named_parameters())
+    dtype = next(iter(params.values())).dtype
+    cast = lambda v: np.array(v, dtype=dtype)
+    layers = dict(model.named_modules())
+    ### BEGIN SOLUTION
     model.zero_grad()
-    act = {t: loss_grad for t in terminals}
+    act = {t: ev["logits", "loss_grad"] for t in terminals}
     for probe in reversed(list(graph)):
         grad_in = layers[probe].run_backward(cast(ref[probe, "act_grad"]))
         if graph[probe] != "inputs":
@@ -900,6 +942,13 @@ def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: in
         ev[name, "param_after"] = p.data.copy()
     ### END SOLUTION
     return ev
+
+
+def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: int, inputs, targets, ref: dict,
+                  graph: dict, terminals: list[str]) -> dict:
+    "One step of `model` with every layer fed the reference's inputs (`ref[(probe, phase)]`); its probes by (probe, phase)."
+    ev = _resync_forward(model, loss_fn, inputs, targets, ref, graph, terminals)
+    return _resync_backward(model, optimizer, ref, graph, terminals, ev)
 
 # %% ../nbs/14_trace.ipynb #8b04eb3f
 def _check_training_mode(model: Module) -> None:
