@@ -251,14 +251,13 @@ class ProbePlan(NamedTuple):
         return cls(trunk, acts, linears, list(model.named_parameters()), _hook_tables(model))
 
 # %% ../nbs/15_diagnose.ipynb #ad3e1207
-def probe(model: Module, inputs: np.ndarray, targets: np.ndarray, *, loss_fn: Module | None = None,
-          plan: ProbePlan | None = None) -> Probe:
-    "One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused; see `Probe`."
-    plan = ProbePlan.of(model) if plan is None else plan
-    loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
-    n = len(inputs)
+def _probe_pass(model: Module, inputs: np.ndarray, targets: np.ndarray, loss_fn: Module,
+                plan: ProbePlan) -> tuple[dict, np.ndarray, float, dict]:
+    """One forward and backward pass in eval mode with the model's hooks paused: `(seen, logits, loss, grads)`, where `seen`
+    holds the trunk's input and each nonlinearity's output and `grads` each parameter's fresh gradient by name. The model's
+    gradients, hooks and mode are put back."""
     ### BEGIN SOLUTION
-    seen, handles, grads = {}, [], [p.grad for _, p in plan.params]
+    seen, handles, old = {}, [], [p.grad for _, p in plan.params]
     with hooks_paused(model, plan.tables), evaluating(model):
         try:
             handles.append(plan.trunk.register_forward_hook(lambda m, a, k, out: seen.__setitem__("input", a[0])))
@@ -269,25 +268,42 @@ def probe(model: Module, inputs: np.ndarray, targets: np.ndarray, *, loss_fn: Mo
             logits = model(inputs)
             out = loss_fn(logits.reshape(*targets.shape, -1), targets)
             model.backprop(loss_fn.backward().reshape(logits.shape))
-            norms = {name: _l2(seen[name]) for name in ["input", *(name for name, _, _ in plan.acts)]}
-            hidden = [(name, norm / math.sqrt(n)) for name, norm in norms.items()]
-            stuck = [(name, kind, float(unit_health(seen[name], kind).units)) for name, _, kind in plan.acts]
-            grad_norms = {name: _l2(p.grad) for name, p in plan.params}
-            first_last = (grad_norms[_param_name(plan, plan.linears[0])], grad_norms[_param_name(plan, plan.linears[-1])])
-            nonfinite = sum(_count_nonfinite(seen[name], norms[name]) for name, _, _ in plan.acts)
-            nonfinite += _count_nonfinite(logits, _l2(logits)) + (not math.isfinite(out.loss))
-            nonfinite += sum(_count_nonfinite(p.grad, grad_norms[name]) for name, p in plan.params)
+            grads = {name: p.grad for name, p in plan.params}
         finally:
             for handle in handles:
                 handle.remove()
-            for (_, p), g in zip(plan.params, grads):
+            for (_, p), g in zip(plan.params, old):
                 p.grad = g
-    return Probe(hidden, stuck, grad_norms, first_last, nonfinite, float(out.loss))
+    return seen, logits, float(out.loss), grads
+    ### END SOLUTION
+
+# %% ../nbs/15_diagnose.ipynb #5f6b4ae4
+def _param_name(plan: ProbePlan, layer: Linear) -> str:
+    return next(name for name, p in plan.params if p is layer.weight)
+
+
+def _probe_measure(plan: ProbePlan, seen: dict, logits: np.ndarray, loss: float, grads: dict, n: int) -> Probe:
+    "The `Probe` of a pass: hidden RMS norms, stuck units, gradient norms, the first and last layer's, non-finite count, loss."
+    ### BEGIN SOLUTION
+    norms = {name: _l2(seen[name]) for name in ["input", *(name for name, _, _ in plan.acts)]}
+    hidden = [(name, norm / math.sqrt(n)) for name, norm in norms.items()]
+    stuck = [(name, kind, float(unit_health(seen[name], kind).units)) for name, _, kind in plan.acts]
+    grad_norms = {name: _l2(g) for name, g in grads.items()}
+    first_last = (grad_norms[_param_name(plan, plan.linears[0])], grad_norms[_param_name(plan, plan.linears[-1])])
+    nonfinite = sum(_count_nonfinite(seen[name], norms[name]) for name, _, _ in plan.acts)
+    nonfinite += _count_nonfinite(logits, _l2(logits)) + (not math.isfinite(loss))
+    nonfinite += sum(_count_nonfinite(g, grad_norms[name]) for name, g in grads.items())
+    return Probe(hidden, stuck, grad_norms, first_last, nonfinite, loss)
     ### END SOLUTION
 
 
-def _param_name(plan: ProbePlan, layer: Linear) -> str:
-    return next(name for name, p in plan.params if p is layer.weight)
+def probe(model: Module, inputs: np.ndarray, targets: np.ndarray, *, loss_fn: Module | None = None,
+          plan: ProbePlan | None = None) -> Probe:
+    "One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused; see `Probe`."
+    plan = ProbePlan.of(model) if plan is None else plan
+    loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
+    seen, logits, loss, grads = _probe_pass(model, inputs, targets, loss_fn, plan)
+    return _probe_measure(plan, seen, logits, loss, grads, len(inputs))
 
 # %% ../nbs/15_diagnose.ipynb #042bb3a9
 def check_growth(pr: Probe, th: DiagnosticThresholds) -> CheckResult:
@@ -351,6 +367,7 @@ def check_nonfinite(pr: Probe, losses: Sequence[float], th: DiagnosticThresholds
 # %% ../nbs/15_diagnose.ipynb #83eed5b9
 def check_dead_units(pr: Probe, th: DiagnosticThresholds) -> CheckResult:
     "The largest share of dead (ReLU) or saturated (tanh) units in a layer, against `th.dead_share`."
+    ### BEGIN SOLUTION
     shares = [(share, name, kind) for name, kind, share in pr.stuck if math.isfinite(share)]
     if not shares:
         return CheckResult("dead_units", math.nan, th.dead_share, False, "")
@@ -358,6 +375,7 @@ def check_dead_units(pr: Probe, th: DiagnosticThresholds) -> CheckResult:
             if share > th.dead_share]
     return CheckResult("dead_units", max(shares)[0], th.dead_share, bool(over),
                        f"units stuck for every example: {', '.join(over)}" if over else "")
+    ### END SOLUTION
 
 # %% ../nbs/15_diagnose.ipynb #f86d369a
 def check_loss_spike(losses: Sequence[float], new: int, th: DiagnosticThresholds) -> CheckResult:
@@ -494,22 +512,26 @@ def _diagnose_now(self: Diagnoser, step: int) -> DiagnosticReport:
                 self.stopped_at = step              # the loop ends here: `step` steps run, no update after
     return report
 
-
+# %% ../nbs/15_diagnose.ipynb #9328ac2c
 def _before_step(self: Diagnoser, step: int, batch) -> None:
     "Observer hook: diagnose when `step` is a multiple of the interval."
+    ### BEGIN SOLUTION
     if self.every and step % self.every == 0 and step != self.last_step:
         _diagnose_now(self, step)
+    ### END SOLUTION
 
 
 def _after_step(self: Diagnoser, step: int, loss: float) -> None:
     "Observer hook: keep the loss; diagnose at once if it is not finite, and after the last step."
+    ### BEGIN SOLUTION
     self.losses.append(float(loss))
     if not math.isfinite(loss):
         _diagnose_now(self, step)
     elif step == self.run.config.steps - 1:
         _diagnose_now(self, step + 1)
+    ### END SOLUTION
 
-
+# %% ../nbs/15_diagnose.ipynb #958575aa
 def _end_run(self: Diagnoser) -> None:
     "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
     self.active = False
