@@ -20,7 +20,7 @@ from .stats import sigint_deferred
 # %% auto #0
 __all__ = ['SKIP_WHEN_EXECUTING', 'MATHJAX', 'MARKER', 'Page', 'read_notebook', 'describe_notebook', 'course_pages',
            'notebook_href', 'rewrite_links', 'split_directives', 'prepare_notebook', 'render_body', 'execute_notebook',
-           'has_math', 'page_html', 'site_css', 'local_files', 'check_site_folder', 'build_site']
+           'has_math', 'package_name', 'page_html', 'site_css', 'local_files', 'check_site_folder', 'build_site']
 
 # %% ../nbs/17_docsite.ipynb #bebb8616
 @dataclass
@@ -63,7 +63,7 @@ def _plain(markdown: str) -> str:
 
 
 def describe_notebook(path, nb: dict | None = None) -> Page:
-    "The `Page` of the notebook at `path`: title and summary from its first H1 and `>` line, module from `#| default_exp`."
+    "The `Page` of the notebook at `path`: title and summary from its first H1 and `>` line, module from its `default_exp` directive."
     path = Path(path)
     nb = read_notebook(path) if nb is None else nb
     title, summary, module = path.stem, "", None
@@ -225,7 +225,19 @@ def _nav_label(page: Page) -> str:
     return f"{number} {page.title}" if number.isdigit() else page.title
 
 
-def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_name: str = "nbs") -> str:
+def package_name(nbs_path) -> str | None:
+    "The package the notebooks in `nbs_path` export to (`lib_path` in the project's settings.ini beside it), if known."
+    import configparser
+    settings = configparser.ConfigParser()
+    try:
+        settings.read(Path(nbs_path).resolve().parent / "settings.ini", encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError):
+        return None
+    return settings["DEFAULT"].get("lib_path") or None
+
+
+def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_name: str = "nbs",
+              package: str | None = None) -> str:
     "The whole HTML page of `page`: sidebar over `pages` with `page` marked, source line, `body`, previous/next links."
     e = html.escape
     at = [p.stem for p in pages].index(page.stem)
@@ -242,7 +254,7 @@ def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_
     pager = f'<nav class="pager" aria-label="Previous and next">{"".join(links)}</nav>'
     source = f"Notebook <code>{e(nbs_name)}/{e(page.source.name)}</code>"
     if page.module:
-        source += f", exported as the module <code>{e(page.module)}</code>"
+        source += f", exported as the module <code>{e(f'{package}.{page.module}' if package else page.module)}</code>"
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -403,7 +415,7 @@ def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
     nbs = Path(nbs_path).resolve()
     out = check_site_folder(out_dir, nbs)
     stems = {p.stem for p in pages}
-    exporter = _exporter()
+    exporter, package = _exporter(), package_name(nbs)
     staging = _staging_folder(out)
     try:
         for page in pages:
@@ -417,7 +429,7 @@ def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
             for name in local_files(body, nbs):
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(nbs / name, staging / name)
-            (staging / page.filename).write_text(page_html(page, pages, body, has_math(nb), nbs.name), encoding="utf-8")
+            (staging / page.filename).write_text(page_html(page, pages, body, has_math(nb), nbs.name, package), encoding="utf-8")
         (staging / "style.css").write_text(site_css(), encoding="utf-8")
         (staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
                                       encoding="utf-8")
