@@ -134,7 +134,7 @@ class SGD(Optimizer):
             self.apply_update(p, self.lr * v)
         ### END SOLUTION
 
-
+# %% ../nbs/03_optim.ipynb #504a15a8
 class Adam(Optimizer):
     "Adam (Kingma & Ba, 2015) with bias correction."
 
