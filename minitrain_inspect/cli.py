@@ -147,6 +147,9 @@ def _add_course_commands(sub) -> None:
                                    "print the points per exercise and the total. Exit status 0 whatever the score.")
     g.add_argument("path", type=Path, metavar="DIR", help="a release folder (its nbs/ is graded) or a notebooks folder")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    g.add_argument("--reference", type=Path, default=None, metavar="NBS",
+                   help="the instructor's notebooks (e.g. nbs): their graded cells and points replace the student's "
+                        "copies, a deleted test fails, a missing notebook scores 0")
     _add_run_flags(g)
 
     m = sub.add_parser("mutants", help="check that each exercise's tests fail for a plausible wrong solution",
@@ -365,7 +368,8 @@ def _run_release(args) -> int:
 
 def _run_grade(args) -> int:
     from minitrain_inspect.course import grade
-    report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers))
+    report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
+                   reference=args.reference)
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0
 

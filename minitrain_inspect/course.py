@@ -27,9 +27,9 @@ __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LE
            'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles',
            'stub_notebook', 'reference_root', 'find_project', 'course_notebooks', 'distinctive_solution_lines',
            'find_leaks', 'student_readme', 'release', 'failure_message', 'CellRun', 'run_cells', 'GradedCell',
-           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'score_notebook', 'notebooks_folder',
-           'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants',
-           'exercises_without_mutation', 'sample_mutations']
+           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'score_notebook', 'lock_graded_cells',
+           'notebooks_folder', 'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation',
+           'MutantResult', 'run_mutants', 'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #3a3d98a0
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -566,13 +566,14 @@ def _num(x) -> str:
     return f"{x:g}"
 
 # %% ../nbs/16_course.ipynb #e1df8d8b
-def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",)) -> tuple[list, NotebookResult]:
-    "The exercise results and the notebook result of notebook `nb` (file `name`) from its `run`."
+def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), missing=()) -> tuple[list, NotebookResult]:
+    """The exercise results and the notebook result of notebook `nb` (file `name`) from its `run`; `missing` are the
+    graded cells of the instructor's version that the notebook no longer has: they fail."""
     stem, cells = Path(name).stem, graded_cells(nb, name)
     graded = {c.index for c in cells}
     exercises = {}
-    for c in cells:
-        ok, message = run.results.get(c.index, (False, None))
+    for c in [*cells, *missing]:
+        ok, message = (False, "graded cell missing from the notebook") if c in missing else run.results.get(c.index, (False, None))
         if message is None:
             message = (f"not run (skipped: {' '.join(sorted(set(directives(cell_source(nb['cells'][c.index]))) & set(skip_flags)) or ['eval: false'])})"
                        if c.index in run.skipped else run.status if run.status != "ok" else "not run")
@@ -588,6 +589,25 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",)) -> t
     result = NotebookResult(stem, round(run.seconds, 2), run.status, sum(e.points for e in exercises.values()),
                             sum(e.max_points for e in exercises.values()), len(ungraded), ungraded[0] if ungraded else "")
     return list(exercises.values()), result
+
+
+def lock_graded_cells(nb: dict, reference: dict, name: str = "notebook") -> tuple[dict, list]:
+    """A copy of a student's notebook `nb` whose graded cells are the instructor's, from `reference`: the student's
+    cell with each graded grade_id gets the reference's source and metadata back (an edited test counts for nothing),
+    a cell the student marked graded on their own loses its grade, and the reference's graded cells the notebook no
+    longer has are returned beside it (they fail)."""
+    wanted = {c.grade_id: reference["cells"][c.index] for c in graded_cells(reference, f"reference {name}")}
+    nb, placed = json.loads(json.dumps(nb)), set()
+    for cell in nb["cells"]:
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        if grade_id in wanted and grade_id not in placed:
+            original = wanted[grade_id]
+            cell.update(cell_type="code", source=cell_source(original), metadata=json.loads(json.dumps(original["metadata"])))
+            cell.setdefault("outputs", []), cell.setdefault("execution_count", None)
+            placed.add(grade_id)
+        elif nbgrader_meta(cell).get("grade"):
+            cell["metadata"]["nbgrader"] = dict(nbgrader_meta(cell), grade=False)
+    return nb, [c for c in graded_cells(reference, f"reference {name}") if c.grade_id not in placed]
 
 
 def notebooks_folder(path) -> Path:
@@ -626,23 +646,35 @@ def _parallel(jobs, workers: int) -> list:
 
 
 def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFAULT_WORKERS,
-          skip_flags=None) -> GradeReport:
+          skip_flags=None, reference=None) -> GradeReport:
     """Grade the notebooks of `path` (a release folder, or a notebooks folder such as the instructor's `nbs`):
-    each notebook with graded cells runs in a subprocess, `timeout` seconds at most; `only` names notebooks by stem."""
+    each notebook with graded cells runs in a subprocess, `timeout` seconds at most; `only` names notebooks by stem.
+    With `reference` (the instructor's notebooks folder), the graded cells and points are the reference's
+    (`lock_graded_cells`), and a notebook of the reference missing from `path` scores 0 of its points."""
     timeout = _check_timeout(timeout)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise CourseError(f"workers must be a positive whole number, got {workers!r}")
     folder = notebooks_folder(path)
+    ref_folder = notebooks_folder(reference) if reference is not None else None
     if skip_flags is None:
         skip_flags = tuple(_settings(folder.parent).get("tst_flags", "").split()) if (folder.parent / "settings.ini").is_file() else ("slow",)
-    paths = _select(course_notebooks(folder), only, folder)
-    notebooks = [(p.name, read_notebook(p)) for p in paths]
-    notebooks = [(name, nb) for name, nb in notebooks if graded_cells(nb, name)]   # checks every notebook first
+    names = {p.name for p in course_notebooks(folder)}
+    ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
+    entries = []                                # (name, notebook or None when missing, missing graded cells)
+    for p in _select([Path(n) for n in sorted(names | ref_names)], only, folder):  # every notebook read and checked first
+        nb = read_notebook(folder / p.name) if p.name in names else None
+        ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
+        missing = graded_cells(ref, f"reference {p.name}") if ref is not None else []
+        if nb is not None and ref is not None:
+            nb, missing = lock_graded_cells(nb, ref, p.name)
+        if (nb is not None and graded_cells(nb, p.name)) or missing:
+            entries.append((p.name, nb, missing))
     runs = _parallel([lambda nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags)
-                      for name, nb in notebooks], workers)
+                      if nb is not None and graded_cells(nb, name) else CellRun({}, "missing" if nb is None else "ok", 0.0)
+                      for name, nb, missing in entries], workers)
     exercises, results = [], []
-    for (name, nb), run in zip(notebooks, runs):
-        e, n = score_notebook(name, nb, run, skip_flags)
+    for (name, nb, missing), run in zip(entries, runs):
+        e, n = score_notebook(name, nb if nb is not None else {"cells": []}, run, skip_flags, missing)
         exercises += e
         results.append(n)
     return GradeReport(sum(e.points for e in exercises), sum(e.max_points for e in exercises), exercises, results)

@@ -94,7 +94,7 @@ def test_help_lists_flags():
     for flag in ("--steps", "--seed", "--json", "--inspect", "--quiet", "--blas-threads"):
         assert flag in r.stdout
     top = run("--help")
-    for word in ("--version", "train", "demo", "dashboard", "overhead"):
+    for word in ("--version", "train", "demo", "dashboard", "overhead", "release", "grade", "mutants", "docs"):
         assert word in top.stdout
 
 
@@ -301,3 +301,26 @@ def test_demo_writes_the_diagnosis(demo_run):
     assert d["verdict"] in ("trustworthy", "failing") and d["every"] == 50 and d["reports"], d.keys()
     history_head = json.loads((demo_run / "history.jsonl").read_text().split("\n", 1)[0])
     assert history_head["meta"]["diagnosis"]["verdict"] == d["verdict"], "the dashboard reads it from the history"
+
+
+# --- issue 11: the instructor's commands (release, grade and mutants are tested in test_course.py) ------------------
+
+def test_docs_builds_the_site_or_says_what_is_missing(tmp_path):
+    r = run("docs", "--out", str(tmp_path / "site"), timeout=600)
+    try:
+        import minitrain_inspect.docsite  # noqa: F401
+    except ModuleNotFoundError:
+        assert_one_line_error(r, "the site builder")
+        return
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "index.html").is_file() and "pages in" in r.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (("release",), "the following arguments are required: --out"),
+    (("grade",), "the following arguments are required: DIR"),
+    (("mutants", "--only", "99_nothing"), "no mutations to run"),
+    (("mutants", "--timeout", "-1"), "positive number of seconds"),
+])
+def test_course_commands_refuse_bad_input_in_one_line(args, words):
+    assert_one_line_error(run(*args), words)

@@ -270,6 +270,20 @@ def test_untouched_release_scores_zero_and_filling_one_notebook_adds_exactly_its
     assert all(e.passed for e in report.exercises if e.notebook == chosen)
 
 
+def test_grading_against_the_reference_ignores_edited_tests(instructor_grade, release_dir, tmp_path):
+    chosen = _smallest(instructor_grade)
+    hand_in = tmp_path / "hand-in"
+    shutil.copytree(release_dir / "nbs", hand_in)
+    nb = json.loads((hand_in / f"{chosen}.ipynb").read_text())
+    for c in graded_cells(nb, chosen):
+        nb["cells"][c.index]["source"] = "pass"                  # every test of the stubbed notebook edited to pass
+    (hand_in / f"{chosen}.ipynb").write_text(json.dumps(nb))
+    maximum = next(n.max_points for n in instructor_grade.notebooks if n.notebook == chosen)
+    as_is = json.loads(cli("grade", str(hand_in), "--only", chosen, "--json").stdout)
+    locked = json.loads(cli("grade", str(hand_in), "--only", chosen, "--json", "--reference", str(NBS)).stdout)
+    assert (as_is["points"], locked["points"], locked["max_points"]) == (maximum, 0, maximum), (as_is, locked)
+
+
 # --- the mutation check ---------------------------------------------------------------------------------------------
 
 REQUIRED_MUTANTS = {   # (notebook, words one of the mutation's name must contain): the four kinds issue 11 names
