@@ -5,6 +5,7 @@
 # %% ../nbs/17_docsite.ipynb #ac96de90
 from __future__ import annotations
 
+import configparser
 import copy
 import html
 import json
@@ -15,12 +16,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat                                   # nbformat and nbconvert: the development extra
+from nbconvert import HTMLExporter
+from nbconvert.exporters.templateexporter import TemplateExporter
+from nbconvert.filters.highlight import Highlight2HTML
+from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
+from nbformat.v4.rwbase import rejoin_lines
+
 from .stats import sigint_deferred
 
 # %% auto #0
 __all__ = ['SKIP_WHEN_EXECUTING', 'MATHJAX', 'MARKER', 'Page', 'read_notebook', 'describe_notebook', 'course_pages',
-           'notebook_href', 'rewrite_links', 'split_directives', 'prepare_notebook', 'render_body', 'execute_notebook',
-           'has_math', 'package_name', 'page_html', 'site_css', 'local_files', 'check_site_folder', 'build_site']
+           'notebook_href', 'rewrite_links', 'split_directives', 'prepare_notebook', 'PageBodyExporter', 'render_body',
+           'execute_notebook', 'has_math', 'package_name', 'page_html', 'site_css', 'local_files', 'check_site_folder',
+           'build_site']
 
 # %% ../nbs/17_docsite.ipynb #bebb8616
 @dataclass
@@ -150,23 +159,18 @@ def prepare_notebook(nb: dict) -> dict:
     return nb
 
 # %% ../nbs/17_docsite.ipynb #4ae87926
-def _exporter():
-    "An nbconvert HTMLExporter for page bodies: basic template, no prompts, no sanitiser, no BeautifulSoup pass."
-    try:                                     # the dev extra; imported here so that the package imports without it
-        from nbconvert import HTMLExporter
-        from nbconvert.exporters.templateexporter import TemplateExporter
-        from nbconvert.filters.highlight import Highlight2HTML
-    except ImportError:
-        raise ImportError('building the site needs nbconvert: pip install -e ".[dev]"') from None
+class PageBodyExporter(HTMLExporter):
+    "nbconvert's HTMLExporter for a page's body: basic template, no prompts, no sanitiser, no BeautifulSoup pass."
 
-    class PageBodyExporter(HTMLExporter):
-        def from_notebook_node(self, nb, resources=None, **kw):
-            lexer = nb.metadata.get("language_info", {}).get("pygments_lexer") or "python3"
-            self.register_filter("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
-            return TemplateExporter.from_notebook_node(self, nb, resources, **kw)   # HTMLExporter's, minus its soup
+    def __init__(self, **kw):
+        super().__init__(**{"template_name": "basic", "exclude_input_prompt": True, "exclude_output_prompt": True,
+                            "filters": {"clean_html": _as_text}, **kw})
 
-    return PageBodyExporter(template_name="basic", exclude_input_prompt=True, exclude_output_prompt=True,
-                            filters={"clean_html": _as_text})
+    def from_notebook_node(self, nb, resources=None, **kw):
+        "Render `nb` (a NotebookNode); returns (html, resources), as any nbconvert exporter does."
+        lexer = nb.metadata.get("language_info", {}).get("pygments_lexer") or "python3"
+        self.register_filter("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
+        return TemplateExporter.from_notebook_node(self, nb, resources, **kw)   # HTMLExporter's, minus its soup
 
 
 def _as_text(element) -> str:
@@ -176,9 +180,7 @@ def _as_text(element) -> str:
 
 def render_body(nb: dict, exporter=None) -> str:
     "The HTML fragment of the notebook `nb` (a dict), rendered by nbconvert's basic template without prompts."
-    import nbformat
-    from nbformat.v4.rwbase import rejoin_lines
-    exporter = exporter or _exporter()
+    exporter = exporter or PageBodyExporter()
     body, _ = exporter.from_notebook_node(rejoin_lines(nbformat.from_dict(copy.deepcopy(nb))))
     return body
 
@@ -188,9 +190,6 @@ SKIP_WHEN_EXECUTING = ("slow", "eval: false")
 
 def execute_notebook(nb: dict, cwd, timeout: int = 600) -> dict:
     "A copy of `nb` with the outputs of running it in folder `cwd` (cells marked `#| slow` or `#| eval: false` not run)."
-    import nbformat
-    from nbformat.v4.rwbase import rejoin_lines
-    from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
     ran = rejoin_lines(nbformat.from_dict(copy.deepcopy(nb)))   # sources as strings, not lists of lines
     skipped = set()
     for i, cell in enumerate(ran.cells):
@@ -227,7 +226,6 @@ def _nav_label(page: Page) -> str:
 
 def package_name(nbs_path) -> str | None:
     "The package the notebooks in `nbs_path` export to (`lib_path` in the project's settings.ini beside it), if known."
-    import configparser
     settings = configparser.ConfigParser()
     try:
         settings.read(Path(nbs_path).resolve().parent / "settings.ini", encoding="utf-8")
@@ -415,7 +413,7 @@ def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
     nbs = Path(nbs_path).resolve()
     out = check_site_folder(out_dir, nbs)
     stems = {p.stem for p in pages}
-    exporter, package = _exporter(), package_name(nbs)
+    exporter, package = PageBodyExporter(), package_name(nbs)
     staging = _staging_folder(out)
     try:
         for page in pages:
