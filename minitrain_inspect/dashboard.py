@@ -258,19 +258,21 @@ def _unit_kind(history: History, name: str) -> str:
         return kind
     return "tanh" if history.get(f"units/{name}/saturated")[0].size else "relu"
 
-
+# %% ../nbs/11_dashboard.ipynb #1fa7edf8
 def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) -> None:
     """Panel 6, left: per layer, the share of units dead (ReLU <= 0 for every example) or saturated (|tanh| > 0.97
     for every example), solid; and the share of all outputs <= 0 (or saturated), dashed."""
     layers = style.shown(history.names("units"))
-    keys = []
+    keys = []                                    # the keys drawn, for sparse_note
+    ### BEGIN SOLUTION
     for name in layers:
         units, outputs = UNIT_FIELDS[_unit_kind(history, name)]
         for field, ls in ((units, "-"), (outputs, "--")):
-            steps, share = history.get(f"units/{name}/{field}")
-            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5, gid=f"units/{name}/{field}",
-                    **_dots(steps))
-            keys.append(f"units/{name}/{field}")
+            key = f"units/{name}/{field}"
+            steps, share = history.get(key)
+            ax.plot(steps, 100 * share, color=style.colour(name), ls=ls, lw=1.5, gid=key, **_dots(steps))
+            keys.append(key)
+    ### END SOLUTION
     if not layers:
         _message(ax, "no unit health recorded")
     else:
@@ -336,10 +338,11 @@ def _per_class_note(history: History) -> str:
     notes = [n for n in history.meta.get("notes", []) if "per-class" in n or "verb labels" in n]
     return notes[0] if notes else "per-class loss: not recorded (the run gave no verb labels)"
 
-
+# %% ../nbs/11_dashboard.ipynb #c20c1e54
 def draw_per_class(ax, history: History, last_step: int) -> None:
     "Panel 7: the mean loss of the regular and of the irregular verbs in each batch; or why there is none."
     drawn = False
+    ### BEGIN SOLUTION
     for cls, colour in (("regular", "tab:green"), ("irregular", "tab:red")):
         steps, loss = history.get(f"per_class/{cls}")
         if steps.size:
@@ -348,6 +351,7 @@ def draw_per_class(ax, history: History, last_step: int) -> None:
             ax.plot(steps, moving_average(loss, 25), color=colour, lw=1.8, label=f"{cls} verbs (moving average of 25)")
     if not drawn:
         _message(ax, _per_class_note(history))
+    ### END SOLUTION
     _finish(ax, "7 · Per-class loss", "mean loss in the batch (log)", last_step, log=drawn, legend=True)
 
 # %% ../nbs/11_dashboard.ipynb #a3007921
