@@ -14,9 +14,24 @@ import numpy as np
 from .core import HookHandle, Parameter
 
 # %% auto #0
-__all__ = ['Optimizer', 'SGD', 'Adam']
+__all__ = ['l2_norm', 'Optimizer', 'SGD', 'Adam']
 
 # %% ../nbs/03_optim.ipynb #10ea58ae
+def l2_norm(x: np.ndarray) -> float:
+    """The L2 norm of `x`, as a float: one BLAS dot in the array's own precision (relative error about 1e-7); when
+    that overflows or comes near underflow, the norm of `x / max|x|` times `max|x|` instead. NaN or inf give nan or inf."""
+    flat = x.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # detected below, and handled
+        squares = float(np.dot(flat, flat))
+    if math.isfinite(squares) and squares > 1e-30 or flat.size == 0:
+        return math.sqrt(squares)
+    scale = float(np.max(np.abs(flat)))
+    if scale == 0.0 or not math.isfinite(scale):
+        return scale                     # zeros: 0; a NaN: nan; an inf: inf
+    scaled = flat / scale                # every |value| <= 1 now: its squares neither overflow nor matter if they underflow
+    return scale * math.sqrt(float(np.dot(scaled, scaled)))
+
+# %% ../nbs/03_optim.ipynb #2e490f2e
 def _positive(name: str, value) -> float:
     try:
         value = float(value)
@@ -84,7 +99,7 @@ class Optimizer:
                 raise TypeError(f"optimiser parameters must be Parameter objects, got {type(p).__name__}")
         self.lr = _positive("lr", lr)
         self.steps = 0
-        self.updates: dict | None = None  # an observer sets {} to receive each step's updates (see apply_update)
+        self.update_norms: dict | None = None  # an observer sets {} to receive each update's L2 norm (see apply_update)
         self._step_pre_hooks: dict = {}
         self._step_post_hooks: dict = {}
 
@@ -106,10 +121,10 @@ class Optimizer:
         return HookHandle(self, hook_fn, "step_post")
 
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
-        "`param.data -= update`, in place; while `self.updates` is a dict, also keep `update` there under `id(param)`."
+        "`param.data -= update`, in place; while `self.update_norms` is a dict, also record `l2_norm(update)` there under `id(param)`."
         param.data -= update
-        if self.updates is not None:
-            self.updates[id(param)] = update
+        if self.update_norms is not None:
+            self.update_norms[id(param)] = l2_norm(update)
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):
