@@ -19,8 +19,8 @@ from .train import PastTenseModel
 
 # %% auto #0
 __all__ = ['TORCH_VERSION', 'INSTALL_HINT', 'SUPPORTED_LAYERS', 'TorchMissingError', 'torch_available', 'require_torch',
-           'torch_modules', 'torch_dtype', 'to_torch', 'ParamPair', 'param_pairs', 'to_numpy_layout', 'record_masks',
-           'replay_masks', 'torch_loss', 'torch_optimizer', 'torch_step']
+           'torch_modules', 'linear_twin', 'layernorm_twin', 'torch_dtype', 'to_torch', 'ParamPair', 'param_pairs',
+           'to_numpy_layout', 'record_masks', 'replay_masks', 'torch_loss', 'torch_optimizer', 'torch_step']
 
 # %% ../nbs/12_twin.ipynb #d1120297
 TORCH_VERSION = "2.13.0"
@@ -93,25 +93,48 @@ def torch_modules() -> dict:
 SUPPORTED_LAYERS = (Linear, ReLU, Tanh, LayerNorm, Dropout, Sequential, PastTenseModel)
 
 
+def _tensor(array: np.ndarray, dtype):
+    "A PyTorch tensor holding a copy of NumPy `array`, in the torch `dtype`."
+    torch = require_torch()
+    return torch.tensor(np.ascontiguousarray(array), dtype=dtype)
+
+# %% ../nbs/12_twin.ipynb #fc5e6276
+def linear_twin(layer: Linear, dtype):
+    "A `torch.nn.Linear` holding copies of `layer`'s weight (transposed to PyTorch's `(out, in)`) and bias, in `dtype`."
+    torch = require_torch()
+    ### BEGIN SOLUTION
+    twin = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, dtype=dtype)
+    with torch.no_grad():
+        twin.weight.copy_(_tensor(layer.weight.data.T, dtype))
+        if layer.bias is not None:
+            twin.bias.copy_(_tensor(layer.bias.data, dtype))
+    return twin
+    ### END SOLUTION
+
+# %% ../nbs/12_twin.ipynb #390ac3fb
+def layernorm_twin(layer: LayerNorm, dtype):
+    "A `torch.nn.LayerNorm` with `layer`'s size and eps, holding copies of its weight and bias, in `dtype`."
+    torch = require_torch()
+    ### BEGIN SOLUTION
+    twin = torch.nn.LayerNorm(layer.features, eps=layer.eps, dtype=dtype)
+    with torch.no_grad():
+        twin.weight.copy_(_tensor(layer.weight.data, dtype))
+        twin.bias.copy_(_tensor(layer.bias.data, dtype))
+    return twin
+    ### END SOLUTION
+
+# %% ../nbs/12_twin.ipynb #f11da88f
 def _twin_of(module: Module, name: str, dtype, memo: dict):
     "The PyTorch module mirroring minitrain `module` (named `name`), reusing the twin of a module seen before."
     if id(module) in memo:
         return memo[id(module)]
     torch = require_torch()
     nn, tm = torch.nn, torch_modules()
-    tensor = lambda a: torch.tensor(np.ascontiguousarray(a), dtype=dtype)
     ### BEGIN SOLUTION
     if isinstance(module, Linear):
-        twin = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype)
-        with torch.no_grad():
-            twin.weight.copy_(tensor(module.weight.data.T))
-            if module.bias is not None:
-                twin.bias.copy_(tensor(module.bias.data))
+        twin = linear_twin(module, dtype)
     elif isinstance(module, LayerNorm):
-        twin = nn.LayerNorm(module.features, eps=module.eps, dtype=dtype)
-        with torch.no_grad():
-            twin.weight.copy_(tensor(module.weight.data))
-            twin.bias.copy_(tensor(module.bias.data))
+        twin = layernorm_twin(module, dtype)
     elif isinstance(module, ReLU):
         twin = nn.ReLU()
     elif isinstance(module, Tanh):
@@ -236,11 +259,13 @@ def torch_loss(logits, targets):
         raise TypeError(f"targets must be integers, got {targets.dtype}")
     if logits.ndim < 1 or logits.shape[0] != targets.shape[0] or logits.numel() % max(targets.numel(), 1):
         raise ValueError(f"logits of shape {tuple(logits.shape)} do not fit targets of shape {tuple(targets.shape)}")
+    ### BEGIN SOLUTION
     n = targets.shape[0]
     per_position = torch.nn.functional.cross_entropy(
         logits.reshape(targets.numel(), -1), targets.reshape(-1).long(), reduction="none")
     per_example = per_position.reshape(n, -1).mean(dim=1)
     return per_example.mean()
+    ### END SOLUTION
 
 # %% ../nbs/12_twin.ipynb #a9e2e788
 def torch_optimizer(optimizer: Optimizer, torch_model):
