@@ -14,11 +14,11 @@ import numpy as np
 
 from .core import HookHandle, Module, Parameter
 from .layers import ReLU, Tanh
-from .optim import Optimizer
+from .optim import Optimizer, l2_norm
 from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
                                       unit_health)
 from .per_class_loss import class_masks
-from .stats import check_int, new_state, summarize, tensor_moments, welford_update
+from .stats import check_int, new_state, summarize, welford_update
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
 _all_ = ["HookHandle", "welford_update"]
@@ -224,17 +224,6 @@ class PerClassPanel(Panel):
         self._running = (None, {})
 
 # %% ../nbs/10_inspect.ipynb #9fc46f89
-def _norm(x: np.ndarray) -> float:
-    """L2 norm of `x`: one BLAS dot in the array's own precision (relative error about 1e-7), or the exact,
-    overflow-safe norm of `08_stats` when the dot overflows or its squares come near underflow."""
-    flat = x.reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # detected below, and handled
-        value = math.sqrt(float(np.dot(flat, flat)))
-    if math.isfinite(value) and value > 1e-15:
-        return value
-    return tensor_moments(flat).l2 if flat.size else 0.0
-
-
 class UpdatePanel(Panel):
     "‖Δw‖ / ‖w‖ for every parameter, across one optimiser step."
 
@@ -244,15 +233,15 @@ class UpdatePanel(Panel):
         super().__init__(schedule, clock)
         self._before: dict[str, np.ndarray] = {}   # copies of the weights (for optimisers that do not report)
         self._norms: dict[str, float] = {}         # ‖w‖ before the step
-        self.reported: bool | None = None          # does the optimiser report its updates? (learnt at the first step)
+        self.reported: bool | None = None          # does the optimiser report ‖Δw‖? (learnt at the first step)
 
     def before(self, params, optimizer=None) -> None:
         "Just before the optimiser step: the norm of every `(name, Parameter)`, and what `after` needs to see Δw."
         start = self.clock()
         if optimizer is not None and self.reported is not False:
-            optimizer.updates = {}                 # ask the optimiser for its update arrays (see `03_optim`)
+            optimizer.update_norms = {}            # ask the optimiser for each update's norm (see `03_optim`)
         for name, p in params:
-            self._norms[name] = _norm(p.data)
+            self._norms[name] = l2_norm(p.data)
             if self.reported is not True:          # copy the weights, in buffers allocated once
                 buffer = self._before.get(name)
                 if buffer is None or buffer.shape != p.data.shape or buffer.dtype != p.data.dtype:
@@ -265,19 +254,19 @@ class UpdatePanel(Panel):
         if not self._norms:
             return
         start = self.clock()
-        updates = getattr(optimizer, "updates", None) or {}
+        update_norms = getattr(optimizer, "update_norms", None) or {}
         if optimizer is not None:
-            optimizer.updates = None
+            optimizer.update_norms = None
         if self.reported is None:   # the first measurement: does the optimiser report every parameter's update?
-            self.reported = optimizer is not None and all(id(p) in updates for _, p in params)
+            self.reported = optimizer is not None and all(id(p) in update_norms for _, p in params)
         for name, p in params:
             ### BEGIN SOLUTION
             if self.reported:
-                delta = _norm(updates[id(p)])
+                delta = update_norms[id(p)]
             else:
                 before = self._before[name]
                 np.subtract(p.data, before, out=before)  # the buffer now holds the update
-                delta = _norm(before)
+                delta = l2_norm(before)
             w_norm = self._norms[name]
             history.record(f"updates/{name}/ratio", step, delta / w_norm if w_norm > 0 else math.nan)
             ### END SOLUTION
