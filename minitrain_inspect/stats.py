@@ -144,7 +144,35 @@ class TensorMoments(NamedTuple):
         "L2 norm sqrt(M2 + n mean^2), with no extra pass over the data (nan if no finite value; saturated, never inf)."
         return _root(self.m2, self.m2_exp, 1.0, self.n, self.mean) if self.n else math.nan
 
-# %% ../nbs/08_stats.ipynb #3b22a42d
+# %% ../nbs/08_stats.ipynb #b1aaa7b9
+def _split_finite(flat: np.ndarray) -> tuple[np.ndarray, float, int, int]:
+    """`(finite, total, nonfinite, nan)` of a 1-D real array: its finite values (`flat` itself if all are finite), their
+    float64 sum (±inf if finite values overflow it), how many values were NaN or ±inf, and how many of those were NaN."""
+    ### BEGIN SOLUTION
+    total = float64_sum(flat)
+    if math.isfinite(total):  # the usual case: a finite sum proves that every value is finite
+        return flat, total, 0, 0
+    finite = np.isfinite(flat)
+    kept = int(np.count_nonzero(finite))
+    if kept == flat.size:  # finite values whose float64 sum overflows: nothing to take out
+        return flat, total, 0, 0
+    nan = int(np.count_nonzero(np.isnan(flat)))
+    finite_values = flat[finite]
+    return finite_values, float64_sum(finite_values), flat.size - kept, nan
+    ### END SOLUTION
+
+# %% ../nbs/08_stats.ipynb #b1e5ac8d
+def _finite_mean(flat: np.ndarray, total: float, lo: float, hi: float) -> float:
+    """The mean of the finite 1-D array `flat` (at least one value), given its float64 sum `total` (±inf if that sum
+    overflowed) and its extremes `lo` and `hi`: finite, and never outside [lo, hi]."""
+    ### BEGIN SOLUTION
+    if math.isfinite(total):
+        return min(max(total / flat.size, lo), hi)  # a rounded sum must not put the mean outside the data
+    k = math.frexp(max(-lo, hi))[1]  # the sum overflows: average in units of 2**k (exact scaling), then scale back
+    return math.ldexp(float64_sum(np.ldexp(flat, -k)) / flat.size, k)
+    ### END SOLUTION
+
+# %% ../nbs/08_stats.ipynb #c975bc34
 _F32_SPREAD = (2.0 ** -40, 2.0 ** 60)  # largest |deviation| whose float32 square is safe and precise
 _F64_SPREAD = (2.0 ** -400, 2.0 ** 400)  # the same for float64 squares summed by dot
 
@@ -156,6 +184,32 @@ def _buffer(scratch: np.ndarray | None, size: int, dtype) -> np.ndarray | None:
     return None
 
 
+def _deviation_m2(flat: np.ndarray, mean: float, lo: float, hi: float,
+                  scratch: np.ndarray | None = None) -> tuple[float, int]:
+    """`(m2, exp)` with m2 * 4**exp = sum((flat - mean)**2), for a finite, non-constant 1-D array with extremes `lo`,
+    `hi`: float32 deviations where their squares are safe, float64 ones otherwise, in units of 2**exp at the ends of
+    float64's range (`exp` is 0 elsewhere). `scratch` (see `_buffer`) holds the deviations when it fits."""
+    ### BEGIN SOLUTION
+    spread = max(hi - mean, mean - lo)  # the largest |deviation| (inf if even that overflows)
+    if flat.dtype == np.float32 and _F32_SPREAD[0] <= spread <= _F32_SPREAD[1]:
+        # Deviations in float32 are exact near the mean (Sterbenz); squares are rounded once (relative 6e-8,
+        # unbiased) and summed in float64. This skips a float64 copy of the tensor, the dearest pass.
+        centre = np.float32(mean)
+        dev = np.subtract(flat, centre, out=_buffer(scratch, flat.size, np.float32))
+        # Deviations are taken from the float32-rounded mean; sum (x-c)^2 = sum (x-mean)^2 + n (mean-c)^2 removes
+        # the offset exactly, in float64.
+        m2 = float(np.add.reduce(np.square(dev, out=dev), dtype=np.float64)) - flat.size * (mean - float(centre)) ** 2
+        return max(m2, 0.0), 0
+    if _F64_SPREAD[0] <= spread <= _F64_SPREAD[1]:
+        dev = np.subtract(flat, mean, dtype=np.float64, out=_buffer(scratch, flat.size, np.float64))
+        return float(np.dot(dev, dev)), 0
+    # float64 data at the ends of its range: deviations in units of 2**exp, exactly scaled
+    exp = math.frexp(spread)[1] if math.isfinite(spread) else math.frexp(max(-lo, hi))[1] + 1
+    dev = np.ldexp(flat, -exp) - math.ldexp(mean, -exp)
+    return float(np.dot(dev, dev)), exp
+    ### END SOLUTION
+
+# %% ../nbs/08_stats.ipynb #fbe12588
 def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart. Finite for any finite input (see `TensorMoments` for M2's exponent).
@@ -164,50 +218,18 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     deviations instead of a new array each call."""
     x = _as_numeric_array(x)
     flat = x.reshape(-1)
+    if flat.size == 0:
+        return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf)
+    flat, total, nonfinite, nan = _split_finite(flat)
     size = flat.size
     if size == 0:
-        return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf)
-    ### BEGIN SOLUTION
-    total = float64_sum(flat)
-    nonfinite = nan = 0
-    if not math.isfinite(total):  # a NaN or ±inf somewhere, or finite values whose sum overflows
-        finite = np.isfinite(flat)
-        kept = int(np.count_nonzero(finite))
-        if kept < size:
-            nonfinite, nan = size - kept, int(np.count_nonzero(np.isnan(flat)))
-            flat, size = flat[finite], kept
-            if size == 0:
-                return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, nonfinite, nan)
-            total = float64_sum(flat)
+        return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, nonfinite, nan)
     lo, hi = float(flat.min()), float(flat.max())
     if lo == hi:  # a constant tensor: exact, no deviations needed
         return TensorMoments(size, lo, 0.0, lo, hi, nonfinite, nan)
-    if math.isfinite(total):
-        mean = min(max(total / size, lo), hi)
-    else:  # finite float64 values whose sum overflows: average them in units of a power of two
-        k = math.frexp(max(-lo, hi))[1]
-        mean = math.ldexp(float64_sum(np.ldexp(flat, -k)) / size, k)
-    spread = max(hi - mean, mean - lo)  # the largest |deviation| (inf if even that overflows)
-    exp = 0
-    if flat.dtype == np.float32 and _F32_SPREAD[0] <= spread <= _F32_SPREAD[1]:
-        # Deviations in float32 are exact near the mean (Sterbenz); squares are rounded once (relative 6e-8,
-        # unbiased) and summed in float64. This skips a float64 copy of the tensor, the dearest pass.
-        centre = np.float32(mean)
-        dev = np.subtract(flat, centre, out=_buffer(scratch, size, np.float32))
-        # Deviations are taken from the float32-rounded mean; sum (x-c)^2 = sum (x-mean)^2 + n (mean-c)^2 removes
-        # the offset exactly, in float64.
-        m2 = float(np.add.reduce(np.square(dev, out=dev), dtype=np.float64)) - size * (mean - float(centre)) ** 2
-        m2 = max(m2, 0.0)
-    elif _F64_SPREAD[0] <= spread <= _F64_SPREAD[1]:
-        dev = np.subtract(flat, mean, dtype=np.float64, out=_buffer(scratch, size, np.float64))
-        m2 = float(np.dot(dev, dev))
-    else:  # float64 data at the ends of its range: deviations in units of 2**exp, exactly scaled
-        exp = math.frexp(spread)[1] if math.isfinite(spread) else math.frexp(max(-lo, hi))[1] + 1
-        dev = np.ldexp(flat, -exp) - math.ldexp(mean, -exp)
-        m2 = float(np.dot(dev, dev))
-    m2, exp = _normalize(m2, exp)
+    mean = _finite_mean(flat, total, lo, hi)
+    m2, exp = _normalize(*_deviation_m2(flat, mean, lo, hi, scratch))
     return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan, exp)
-    ### END SOLUTION
 
 # %% ../nbs/08_stats.ipynb #ad01aff5
 _FAST_MEAN_SQUARE = (1e-30, 1e30)  # float32 squares and their sum stay far from underflow and overflow
