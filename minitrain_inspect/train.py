@@ -25,8 +25,9 @@ from .optim import SGD, Adam, Optimizer
 
 # %% auto #0
 __all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits',
-           'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'params_sha256', 'EarlyStop', 'TrainResult',
-           'RunControl', 'RunContext', 'run_data', 'build_run', 'training_steps', 'run_to_end', 'train']
+           'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'step_loss', 'step_update', 'params_sha256',
+           'EarlyStop', 'TrainResult', 'RunControl', 'RunContext', 'run_data', 'build_run', 'training_steps',
+           'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #f6e8ecbe
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -181,6 +182,24 @@ def blas_threads(n: int = 1, *, controller: ThreadpoolController | None = None) 
         yield n
 
 # %% ../nbs/07_train.ipynb #1a3b87c4
+def step_loss(model: Module, loss_fn: SoftmaxCrossEntropy, batch) -> float:
+    "The forward half of a training step: zero the gradients, run `model` on `batch`, return the mean loss (a float)."
+    ### BEGIN SOLUTION
+    model.zero_grad()
+    logits = model(batch.inputs).reshape(len(batch.inputs), MAX_PAST_LEN, N_SYMBOLS)
+    return loss_fn(logits, batch.targets).loss
+    ### END SOLUTION
+
+# %% ../nbs/07_train.ipynb #a87824f1
+def step_update(model: Module, loss_fn: SoftmaxCrossEntropy, optimizer: Optimizer) -> None:
+    "The backward half of a training step: backpropagate `loss_fn`'s last loss through `model`, then `optimizer.step()`."
+    ### BEGIN SOLUTION
+    grad_logits = loss_fn.backward()
+    model.backprop(grad_logits.reshape(len(grad_logits), OUTPUT_FEATURES))
+    optimizer.step()
+    ### END SOLUTION
+
+# %% ../nbs/07_train.ipynb #ce910a11
 def params_sha256(model: Module) -> str:
     "SHA-256 over the bytes of every parameter, in `named_parameters` order."
     digest = hashlib.sha256()
@@ -312,7 +331,19 @@ def _end_run(started: list) -> None:
     if error is not None:
         raise error
 
+# %% ../nbs/07_train.ipynb #17deeb8d
+def _stop_on_non_finite(loss: float, step: int, config: TrainConfig, control: RunControl, after_step: list) -> None:
+    "A step's loss is not finite: raise `FloatingPointError`, or under `config.early_stop` tell the observers and stop."
+    ### BEGIN SOLUTION
+    if not config.early_stop:
+        raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
+    for call in after_step:        # no update: it would write NaN into every weight
+        call(step, loss)
+    if not control.stop_requested:
+        control.request_stop([f"non-finite training loss ({loss}) at step {step}"])
+    ### END SOLUTION
 
+# %% ../nbs/07_train.ipynb #9ae651a8
 def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
                    observers: Iterable = (), inspector=None) -> Generator[int, None, TrainResult]:
     """The training run as a generator: yields the number of each finished step; returns the `TrainResult`.
@@ -350,20 +381,11 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
                 if control.stop_requested:
                     break
                 ### BEGIN SOLUTION
-                model.zero_grad()
-                n = len(batch.inputs)
-                logits = model(batch.inputs).reshape(n, MAX_PAST_LEN, N_SYMBOLS)
-                loss = loss_fn(logits, batch.targets).loss
+                loss = step_loss(model, loss_fn, batch)
                 if not math.isfinite(loss):
-                    if not config.early_stop:
-                        raise FloatingPointError(f"training diverged: the loss is {loss} at step {step}")
-                    for call in after_step:        # no update: it would write NaN into every weight
-                        call(step, loss)
-                    if not control.stop_requested:
-                        control.request_stop([f"non-finite training loss ({loss}) at step {step}"])
+                    _stop_on_non_finite(loss, step, config, control, after_step)
                     break
-                model.backprop(loss_fn.backward().reshape(n, OUTPUT_FEATURES))
-                optimizer.step()
+                step_update(model, loss_fn, optimizer)
                 history["step"].append(step)
                 history["loss"].append(loss)
                 ### END SOLUTION
