@@ -203,6 +203,30 @@ def test_grade_json_and_text_on_a_synthetic_course(tmp_path):
     assert text.returncode == 0 and "total: 2 of 3 points (1 of 2 exercises passed)" in text.stdout, text.stdout
 
 
+def test_ctrl_c_stops_grading_at_once_and_leaves_no_notebook_running(tmp_path):
+    import signal
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    for name in ("00_a", "01_b"):
+        source = f"import os, time; open({str(pids / name)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps(_nb((source, {}), ("pass", _graded("x-tests", 1)))))
+    p = subprocess.Popen([SCRIPT, "grade", str(tmp_path), "--timeout", "100"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while len(list(pids.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(list(pids.iterdir())) == 2, "both notebooks should be running"
+    p.send_signal(signal.SIGINT)
+    start = time.perf_counter()
+    out, err = p.communicate(timeout=30)
+    assert (p.returncode, err) == (130, "interrupted\n") and time.perf_counter() - start < 10, (p.returncode, err)
+    time.sleep(0.5)
+    for f in pids.iterdir():
+        status = Path(f"/proc/{f.read_text()}/status")
+        alive = status.exists() and "\nState:\tZ" not in status.read_text()
+        assert not alive, f"notebook {f.name} still runs after Ctrl-C"
+
+
 @pytest.mark.parametrize("args,words", [
     (("/no/such/folder",), "no folder at /no/such/folder"),
     (("{empty}",), "no notebooks in"),
