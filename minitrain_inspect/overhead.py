@@ -70,13 +70,12 @@ class TrainingRun:
         return run_to_end(self._run).params_sha256
 
 # %% ../nbs/13_overhead.ipynb #5dd2462a
-def lockstep(runs: dict, steps: int, block: int = 20, progress=None) -> dict[str, float]:
-    "Advance `runs` ({name: run}) by `steps` timed steps each, in rotating blocks; mean ms per step of each."
+def lockstep(runs: dict, steps: int, block: int = 20, progress=None, *, clock=time.perf_counter) -> dict[str, float]:
+    "Advance `runs` ({name: run}) by `steps` timed steps each, in rotating blocks; mean ms per step of each, by `clock`."
     if steps < 1:
         raise ValueError(f"lockstep needs at least 1 timed step, got {steps}")
     names = list(runs)
     spent = dict.fromkeys(names, 0.0)
-    clock = time.perf_counter
     ### BEGIN SOLUTION
     for round_number, first in enumerate(range(0, steps, block)):
         count = min(block, steps - first)
@@ -241,7 +240,7 @@ def torch_moments(x) -> tuple:
     return _two_pass(finite) + (size - finite.numel(),)
     ### END SOLUTION
 
-
+# %% ../nbs/13_overhead.ipynb #d02b1855
 def torch_unit_health(output, kind: str, bins: int = 40) -> tuple:
     "(stuck units, stuck outputs, histogram fractions, below, above) of a ReLU or tanh output, as the units panel."
     torch = require_torch()
@@ -496,17 +495,22 @@ def measure(config: TrainConfig, data, variants, repeats: int, block: int = 20, 
 SPREAD_WARNING_POINTS = 5.0
 BASELINE_OF = {**{v: "baseline" for v in VARIANTS}, "torch": "baseline", "torch_hooks": "torch", "torch_full": "torch"}
 
-
+# %% ../nbs/13_overhead.ipynb #2fe046bc
 def _paired(times: dict, variant: str, baseline: str) -> list[float]:
     "Per repeat, the variant's time per step over the baseline's in the same repeat, minus one."
+    ### BEGIN SOLUTION
     return [v / b - 1 for v, b in zip(times[variant], times[baseline])]
+    ### END SOLUTION
 
 
 def _spread(values: list[float]) -> dict:
+    "The median, lowest and highest of `values`, and how far apart the last two lie in percentage points."
+    ### BEGIN SOLUTION
     return {"median": statistics.median(values), "low": min(values), "high": max(values),
             "points": 100 * (max(values) - min(values))}
+    ### END SOLUTION
 
-
+# %% ../nbs/13_overhead.ipynb #11f3842b
 def _spreads(times: dict) -> dict:
     return {v: _spread(_paired(times, v, BASELINE_OF[v])) for v in times if v != "baseline"}
 
