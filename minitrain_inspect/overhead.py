@@ -28,15 +28,16 @@ from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import (OUTPUT_FEATURES, TrainConfig, build_run, params_sha256, run_data, run_to_end,
                                      training_steps)
 from .train import blas_threads as limit_blas_threads
-from .twin import INSTALL_HINT, TorchMissingError, require_torch, to_torch, torch_available, torch_optimizer
+from .twin import (INSTALL_HINT, TorchMissingError, require_torch, to_torch, torch_available, torch_optimizer,
+                                    torch_per_example_loss)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF', 'MINITRAIN_VARIANTS',
            'SCALING_VARIANTS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
-           'torch_per_example_loss', 'with_torch_dropout', 'torch_training_step', 'TorchWatcher', 'FastaiHooks',
-           'torch_moments', 'torch_unit_health', 'TorchSpectralNorm', 'FullSetHooks', 'TorchRun', 'floor_arrays',
-           'floor_bytes', 'read_seconds', 'measure', 'run_benchmark', 'blas_description', 'machine_description',
-           'results_markdown', 'write_results', 'add_overhead_arguments', 'overhead_command']
+           'with_torch_dropout', 'torch_training_step', 'TorchWatcher', 'FastaiHooks', 'torch_moments',
+           'torch_unit_health', 'TorchSpectralNorm', 'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes',
+           'read_seconds', 'measure', 'run_benchmark', 'blas_description', 'machine_description', 'results_markdown',
+           'write_results', 'add_overhead_arguments', 'overhead_command']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -105,15 +106,6 @@ def torch_threads(n: int = 1):
         yield n
     finally:
         torch.set_num_threads(before)
-
-
-def torch_per_example_loss(logits, targets):
-    "Softmax cross-entropy of each example (the mean over its positions), minitrain's `per_example` loss in PyTorch."
-    torch = require_torch()
-    n = targets.shape[0]
-    per_position = torch.nn.functional.cross_entropy(logits.reshape(-1, N_SYMBOLS), targets.reshape(-1),
-                                                     reduction="none")
-    return per_position.reshape(n, -1).mean(dim=1)
 
 
 def with_torch_dropout(twin):

@@ -20,7 +20,8 @@ from .train import PastTenseModel
 # %% auto #0
 __all__ = ['TORCH_VERSION', 'INSTALL_HINT', 'SUPPORTED_LAYERS', 'TorchMissingError', 'torch_available', 'require_torch',
            'torch_modules', 'linear_twin', 'layernorm_twin', 'torch_dtype', 'to_torch', 'ParamPair', 'param_pairs',
-           'to_numpy_layout', 'record_masks', 'replay_masks', 'torch_loss', 'torch_optimizer', 'torch_step']
+           'to_numpy_layout', 'record_masks', 'replay_masks', 'torch_per_example_loss', 'torch_loss', 'torch_optimizer',
+           'torch_step']
 
 # %% ../nbs/12_twin.ipynb #d1120297
 TORCH_VERSION = "2.13.0"
@@ -251,8 +252,8 @@ def replay_masks(torch_model, masks: dict) -> None:
             layers[name].push_keep(keep)
 
 # %% ../nbs/12_twin.ipynb #73573a27
-def torch_loss(logits, targets):
-    "Softmax cross-entropy with minitrain's reduction: per-position loss, mean over each example's positions, then over the batch."
+def torch_per_example_loss(logits, targets):
+    "Softmax cross-entropy of each example in PyTorch: the per-position loss averaged over the example's positions (minitrain's `per_example_loss`)."
     torch = require_torch()
     targets = torch.as_tensor(np.asarray(targets)) if not isinstance(targets, torch.Tensor) else targets
     if targets.dtype not in (torch.int64, torch.int32):
@@ -263,9 +264,13 @@ def torch_loss(logits, targets):
     n = targets.shape[0]
     per_position = torch.nn.functional.cross_entropy(
         logits.reshape(targets.numel(), -1), targets.reshape(-1).long(), reduction="none")
-    per_example = per_position.reshape(n, -1).mean(dim=1)
-    return per_example.mean()
+    return per_position.reshape(n, -1).mean(dim=1)
     ### END SOLUTION
+
+
+def torch_loss(logits, targets):
+    "Softmax cross-entropy with minitrain's reduction: per-position loss, mean over each example's positions, then over the batch."
+    return torch_per_example_loss(logits, targets).mean()
 
 # %% ../nbs/12_twin.ipynb #a9e2e788
 def torch_optimizer(optimizer: Optimizer, torch_model):
