@@ -279,7 +279,7 @@ class UpdatePanel(Panel):
         self._norms = {}
         self.reported = None
 
-
+# %% ../nbs/10_inspect.ipynb #c5a96f6e
 class SpectralPanel(Panel):
     "Largest singular value of every 2-D parameter, by power iteration cached between steps."
 
@@ -303,6 +303,16 @@ class SpectralPanel(Panel):
         self._estimators.clear()
 
 # %% ../nbs/10_inspect.ipynb #d2260ddc
+def _method_of(cls):
+    "Decorator: add the function `_name` to `cls` as the method `name` (`__name` as `_name`), so a class grows cell by cell."
+    def add(fn):
+        name = fn.__name__[1:]
+        fn.__name__, fn.__qualname__ = name, f"{cls.__name__}.{name}"
+        setattr(cls, name, fn)
+        return fn
+    return add
+
+
 def _due_rate(panel: Panel, step: int, horizon: int) -> float:
     "Share of the next `horizon` steps at which `panel`'s schedule is due, divided by its stride."
     due = sum(1 for s in range(step + 1, step + 1 + horizon) if panel.schedule.due(s))
@@ -376,30 +386,15 @@ class BudgetGuard:
                    f"{fixed / training:.1%} of a step (they are never thinned)")
         reducible = [p for p in REDUCIBLE_PANELS if p in panels and projected[p] > 0]
         cost_at = lambda factor: fixed + sum(projected[p] / min(factor, cap / panels[p].stride) for p in reducible)
-        ### BEGIN SOLUTION
         if cost_at(1) > target:
-            # One common factor for every reducible panel: the smallest power of two that fits the target.
-            factor = 2
-            while factor < cap and cost_at(factor) > target:
-                factor *= 2
-            for p in reducible:
-                if panels[p].stride < cap:
-                    if self._reviews - self._relaxed_at.get(p, -10) <= 2:
-                        self._no_relax.add(p)           # stretched right after a relax: stop relaxing it
-                    self._set_stride(step, panels[p], min(panels[p].stride * factor, cap), overhead)
-                    self._stretched_at[p] = self._reviews
+            factor = self._thin(step, panels, reducible, cost_at, target, cap, overhead)
             self._note("limit", None if cost_at(factor) <= target or fixed > target else
                        f"budget {self.budget:.3g} cannot be met yet: every reducible panel is thinned "
                        f"to 1 measurement in {cap} due steps")
         else:
             self._note("limit", None)
             if fixed + 2 * sum(projected[p] for p in reducible) < target / 1.2:
-                for p in REDUCIBLE_PANELS:   # headroom: give the thinned panels their data back, halving strides
-                    if (p in panels and panels[p].stride > 1 and p not in self._no_relax
-                            and self._reviews - self._stretched_at.get(p, -10) > 2):
-                        self._set_stride(step, panels[p], panels[p].stride // 2, overhead)
-                        self._relaxed_at[p] = self._reviews
-        ### END SOLUTION
+                self._relax(step, panels, overhead)
         self._training = []
         self._costs_at_start = {p: panel.cost for p, panel in panels.items()}
         self._measured_at_start = {p: panel.measured for p, panel in panels.items()}
@@ -410,7 +405,37 @@ class BudgetGuard:
         self.throttled.append({"step": int(step), "panel": panel.name, "from": before, "to": panel.spec(),
                                "overhead": round(overhead, 4)})
 
+# %% ../nbs/10_inspect.ipynb #7acd7c40
+@_method_of(BudgetGuard)
+def __thin(self: BudgetGuard, step: int, panels: dict[str, Panel], reducible: list[str], cost_at: Callable[[int], float],
+           target: float, cap: int, overhead: float) -> int:
+    "Over budget: thin every reducible panel below `cap` by the smallest power of two that fits `target`; return it."
+    ### BEGIN SOLUTION
+    factor = 2                                  # one common factor for every reducible panel
+    while factor < cap and cost_at(factor) > target:
+        factor *= 2
+    for p in reducible:
+        if panels[p].stride < cap:
+            if self._reviews - self._relaxed_at.get(p, -10) <= 2:
+                self._no_relax.add(p)           # thinned right after a relax: stop relaxing it
+            self._set_stride(step, panels[p], min(panels[p].stride * factor, cap), overhead)
+            self._stretched_at[p] = self._reviews
+    return factor
+    ### END SOLUTION
+
 # %% ../nbs/10_inspect.ipynb #460a3819
+@_method_of(BudgetGuard)
+def __relax(self: BudgetGuard, step: int, panels: dict[str, Panel], overhead: float) -> None:
+    "Headroom: halve the strides of the thinned panels, except those thinned recently or marked never to relax."
+    ### BEGIN SOLUTION
+    for p in REDUCIBLE_PANELS:
+        if (p in panels and panels[p].stride > 1 and p not in self._no_relax
+                and self._reviews - self._stretched_at.get(p, -10) > 2):
+            self._set_stride(step, panels[p], panels[p].stride // 2, overhead)
+            self._relaxed_at[p] = self._reviews
+    ### END SOLUTION
+
+# %% ../nbs/10_inspect.ipynb #d406539b
 def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
     "`params` as `(name, Parameter)` pairs, named from `model` when it can (default: all of the model's)."
     known = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
@@ -424,18 +449,6 @@ def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
             raise TypeError(f"params must be Parameters or (name, Parameter) pairs, got {type(p).__name__}")
         named.append((check_name(name), p))
     return named
-
-
-def _method_of(cls):
-    "Decorator: add the function `_name` to `cls` as the method `name` (`__name` as `_name`), so a class grows cell by cell."
-    def add(fn):
-        name = fn.__name__[1:]
-        fn.__name__, fn.__qualname__ = name, f"{cls.__name__}.{name}"
-        setattr(cls, name, fn)
-        return fn
-    return add
-
-
 
 # %% ../nbs/10_inspect.ipynb #e86ac5f9
 class Inspector:
@@ -575,9 +588,52 @@ def __end_step(self: Inspector) -> None:
         self.guard.end_step(step, self.panels)
     self._open(step + 1)
 
-
-
 # %% ../nbs/10_inspect.ipynb #e4e3c204
+@_method_of(Inspector)
+def _snapshot(self: Inspector) -> dict:
+    "A JSON-ready copy of every statistic: `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
+    return {name: {"kind": self.kinds[name], **summarize(state)} for name, state in self.stats.items()}
+
+
+@_method_of(Inspector)
+def _reset(self: Inspector) -> None:
+    "Forget all statistics, history, costs and thinning, and start again at step 0; the hooks stay."
+    for name in self.stats:
+        self.stats[name] = new_state()
+    meta = self.history.meta
+    self.history.series.clear()
+    for key, empty in (("module_types", {}), ("layers", []), ("params", []), ("histogram", {})):
+        meta.setdefault(key, empty)
+    meta["throttled"], meta["notes"] = [], []
+    for panel in self.panels.values():
+        panel.reset()
+    budget, window = self._budget_args
+    self.guard = None if budget is None else BudgetGuard(budget, window, self.clock, self.max_stride)
+    if self.guard is not None:
+        self.guard.throttled, self.guard.notes = meta["throttled"], meta["notes"]
+    self._labels = self._labelled_step = None
+    self._open(0)
+
+
+Inspector.__repr__ = lambda self: (f"Inspector({len(self.handles)} hooks, {len(self.stats)} statistics, "
+                                   f"step {self.step}, enabled={self.enabled})")
+
+
+@_method_of(Inspector)
+def _remove_all(self: Inspector) -> None:
+    "Remove every hook this Inspector registered (statistics and history are kept)."
+    for handle in self.handles:
+        handle.remove()
+    self.handles.clear()
+    self._live.clear()
+    self._step_ender = None
+    self._optimizer_hooked = False
+
+
+Inspector.__enter__ = lambda self: self
+Inspector.__exit__ = lambda self, *exc_info: self.remove_all()
+
+# %% ../nbs/10_inspect.ipynb #1504f961
 def _claim(self: Inspector, name: str, kind: str) -> str:
     "Reserve `name` for statistics of `kind`; refuse a name in use, or one that held another kind."
     check_name(name)
@@ -598,16 +654,25 @@ def _keep(self: Inspector, name: str, kind: str, handle: HookHandle) -> HookHand
     self.handles.append(handle)
     return handle
 
+def _model_training(self: Inspector) -> bool:
+    return self.model.training if self.model is not None else True
 
+
+@_method_of(Inspector)
+def __keep_extra(self: Inspector, handle: HookHandle) -> HookHandle:
+    self.handles.append(handle)
+    return handle
+
+# %% ../nbs/10_inspect.ipynb #b887b91f
 @_method_of(Inspector)
 def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
     "Stream the statistics of `module`'s output under `name` (panel 2), and unit health for ReLU/tanh (panel 6)."
     if not isinstance(module, Module):
         raise TypeError(f"register_forward needs a Module, got {type(module).__name__}")
+    kind = _activation_kind(module)     # "relu", "tanh" or None
+    activations, units, history = self.panels["activations"], self.panels["units"], self.history
     ### BEGIN SOLUTION
     _claim(self, name, "activation")
-    kind = _activation_kind(module)
-    activations, units, history = self.panels["activations"], self.panels["units"], self.history
 
     def forward_hook(mod, args, kwargs, output):
         flags = self._flags
@@ -629,15 +694,15 @@ def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
         meta["histogram"][name] = units.layout(kind)
     return handle
 
-
+# %% ../nbs/10_inspect.ipynb #a5449194
 @_method_of(Inspector)
 def _register_backward(self: Inspector, name: str, param: Parameter) -> HookHandle:
     "Stream the statistics of `param`'s gradient under `name` (panel 3), once its gradient is complete."
     if not isinstance(param, Parameter):
         raise TypeError(f"register_backward needs a Parameter, got {type(param).__name__}")
+    gradients, history = self.panels["gradients"], self.history
     ### BEGIN SOLUTION
     _claim(self, name, "gradient")
-    gradients, history = self.panels["gradients"], self.history
 
     def param_hook(p, grad):
         if self._flags.grad and not self._optimizer_hooked:   # with an optimiser: measured just before its step
@@ -652,26 +717,24 @@ def _register_backward(self: Inspector, name: str, param: Parameter) -> HookHand
         history.meta["params"].append(name)
     return handle
 
-
+# %% ../nbs/10_inspect.ipynb #756e4c7d
 @_method_of(Inspector)
 def _register_grad_output(self: Inspector, name: str, module: Module) -> HookHandle:
     "Stream the gradient arriving at `module`'s output under `name + ':grad_output'` (panel 3)."
     if not isinstance(module, Module):
         raise TypeError(f"register_grad_output needs a Module, got {type(module).__name__}")
-    key = _claim(self, f"{check_name(name)}:grad_output", "grad_output")
     gradients, history = self.panels["gradients"], self.history
+    ### BEGIN SOLUTION
+    key = _claim(self, f"{check_name(name)}:grad_output", "grad_output")
 
     def grad_output_hook(mod, grad_output):
         if self._flags.grad and isinstance(grad_output, np.ndarray):
             gradients.measure(history, "act_grads", name, self.step, grad_output, stat=key)
 
     return _keep(self, key, "grad_output", module.register_backward_hook(grad_output_hook))
+    ### END SOLUTION
 
-# %% ../nbs/10_inspect.ipynb #1504f961
-def _model_training(self: Inspector) -> bool:
-    return self.model.training if self.model is not None else True
-
-
+# %% ../nbs/10_inspect.ipynb #5b4ecdd1
 @_method_of(Inspector)
 def _register_loss(self: Inspector, loss_fn: Module) -> HookHandle:
     "Record each batch loss computed by `loss_fn` (panel 1) and, with labels, its per-class split (panel 7)."
@@ -699,7 +762,7 @@ def _register_loss(self: Inspector, loss_fn: Module) -> HookHandle:
 
     return self._keep_extra(loss_fn.register_forward_hook(loss_hook))
 
-
+# %% ../nbs/10_inspect.ipynb #0f626d76
 @_method_of(Inspector)
 def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandle]:
     """Hook the optimiser's step: just before it, the step's final gradients (panel 3) and the weights' norms
@@ -714,7 +777,7 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
     frozen = [n for n, p in self.params if id(p) not in updated]
     if frozen:
         self.note(f"updates: {', '.join(frozen)} not updated by the optimiser: no update ratio")
-
+    ### BEGIN SOLUTION
     def pre_hook(opt, args, kwargs):
         if self._flags.grad:     # gradients are complete now, also when several backward passes accumulated them
             for name, param in self._grad_params.items():
@@ -728,14 +791,9 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
 
     handles = [self._keep_extra(optimizer.register_step_pre_hook(pre_hook)),
                self._keep_extra(optimizer.register_step_post_hook(post_hook))]
+    ### END SOLUTION
     self._optimizer_hooked = True
     return handles
-
-
-@_method_of(Inspector)
-def __keep_extra(self: Inspector, handle: HookHandle) -> HookHandle:
-    self.handles.append(handle)
-    return handle
 
 # %% ../nbs/10_inspect.ipynb #ce7aaf99
 @_method_of(Inspector)
@@ -808,21 +866,6 @@ def __forget(self: Inspector) -> None:
         self.history.meta[key] = []
     self.reset()
 
-
-@_method_of(Inspector)
-def _remove_all(self: Inspector) -> None:
-    "Remove every hook this Inspector registered (statistics and history are kept)."
-    for handle in self.handles:
-        handle.remove()
-    self.handles.clear()
-    self._live.clear()
-    self._step_ender = None
-    self._optimizer_hooked = False
-
-
-Inspector.__enter__ = lambda self: self
-Inspector.__exit__ = lambda self, *exc_info: self.remove_all()
-
 # %% ../nbs/10_inspect.ipynb #ac4a8a59
 @_method_of(Inspector)
 def _label_batch(self: Inspector, verb_labels=None, *, regular=None) -> None:
@@ -874,33 +917,3 @@ def _end_run(self: Inspector) -> None:
 
 
 Inspector.per_class_by = property(lambda self: self.panels["per_class"].by, doc="'lexicon' or 'lab'.")
-
-# %% ../nbs/10_inspect.ipynb #0abffd5c
-@_method_of(Inspector)
-def _snapshot(self: Inspector) -> dict:
-    "A JSON-ready copy of every statistic: `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
-    return {name: {"kind": self.kinds[name], **summarize(state)} for name, state in self.stats.items()}
-
-
-@_method_of(Inspector)
-def _reset(self: Inspector) -> None:
-    "Forget all statistics, history, costs and thinning, and start again at step 0; the hooks stay."
-    for name in self.stats:
-        self.stats[name] = new_state()
-    meta = self.history.meta
-    self.history.series.clear()
-    for key, empty in (("module_types", {}), ("layers", []), ("params", []), ("histogram", {})):
-        meta.setdefault(key, empty)
-    meta["throttled"], meta["notes"] = [], []
-    for panel in self.panels.values():
-        panel.reset()
-    budget, window = self._budget_args
-    self.guard = None if budget is None else BudgetGuard(budget, window, self.clock, self.max_stride)
-    if self.guard is not None:
-        self.guard.throttled, self.guard.notes = meta["throttled"], meta["notes"]
-    self._labels = self._labelled_step = None
-    self._open(0)
-
-
-Inspector.__repr__ = lambda self: (f"Inspector({len(self.handles)} hooks, {len(self.stats)} statistics, "
-                                   f"step {self.step}, enabled={self.enabled})")
