@@ -243,6 +243,13 @@ def test_grade_bad_input_is_one_line(tmp_path, args, words):
     assert_one_line_error(cli("grade", *args), words)
 
 
+def test_a_missing_development_tool_is_one_line():
+    code = ("import sys; sys.modules['nbformat'] = None\n"          # `import nbformat` now fails, as if not installed
+            "from minitrain_inspect.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "grade", str(NBS)], capture_output=True, text=True, timeout=60)
+    assert_one_line_error(r, 'the course tools need nbformat, a development tool: pip install -e ".[dev]"')
+
+
 # --- grading the real course ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
