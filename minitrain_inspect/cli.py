@@ -160,6 +160,9 @@ def _add_course_commands(sub) -> None:
     m.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     m.add_argument("--match", nargs="+", default=None, metavar="TEXT",
                    help="only mutations whose name or exercise contains one of these (case-insensitive)")
+    m.add_argument("--stubs", action="store_true",
+                   help="instead of the mutations, stub each exercise alone: all its graded cells must fail, and no "
+                        "graded cell before it")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_run_flags(m)
 
@@ -382,8 +385,11 @@ def _positive(name: str, value: int) -> int:
 
 def _run_mutants(args) -> int:
     from minitrain_inspect.course import (exercises_without_mutation, find_project, load_mutations, run_mutants,
-                                          sample_mutations)
+                                          run_stub_checks, sample_mutations)
     project = find_project()
+    if args.stubs:
+        return _report_mutants(args, run_stub_checks(project, only=args.only, timeout=args.timeout,
+                                                     workers=_positive("workers", args.workers)), [])
     every = load_mutations(project / "tests" / "mutations", only=args.only)
     mutations = every
     if args.match:
@@ -397,10 +403,14 @@ def _run_mutants(args) -> int:
     results = run_mutants(mutations, project, timeout=args.timeout, workers=_positive("workers", args.workers))
     uncovered = [(nb, ex) for nb, ex in exercises_without_mutation(project, every)
                  if not args.only or nb in {Path(s).stem for s in args.only}]
+    return _report_mutants(args, results, uncovered)
+
+
+def _report_mutants(args, results, uncovered) -> int:
     bad = [r for r in results if r.outcome != "killed"]
     if args.json:
         print(json.dumps({"mutants": [asdict(r) for r in results], "killed": len(results) - len(bad),
-                          "survived": sum(r.outcome == "survived" for r in bad), "invalid": sum(r.outcome == "invalid" for r in bad),
+                          "not_killed": len(bad),
                           "without_mutation": [{"notebook": nb, "exercise": ex} for nb, ex in uncovered]}))
     else:
         for r in results:

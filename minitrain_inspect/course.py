@@ -30,7 +30,8 @@ __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LE
            'find_leaks', 'student_readme', 'release', 'failure_message', 'CellRun', 'run_cells', 'GradedCell',
            'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'score_notebook', 'lock_graded_cells',
            'notebooks_folder', 'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation',
-           'MutantResult', 'run_mutants', 'exercises_without_mutation', 'sample_mutations']
+           'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks', 'exercises_without_mutation',
+           'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #3a3d98a0
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -833,6 +834,54 @@ def run_mutants(mutations, project=None, timeout: float = DEFAULT_TIMEOUT, worke
         else:
             outcome, message = ("killed", failure) if failure is not None else ("survived", "")
         results.append(MutantResult(m.notebook, m.exercise, m.name, outcome, message, round(run.seconds, 2)))
+    return results
+
+
+def stub_exercise(nb: dict, stem: str, exercise: str) -> dict:
+    "A copy of notebook `nb` (named `stem`) with only `exercise`'s solution regions stubbed, as a student starts it."
+    cells = solution_cells(nb, stem)
+    if exercise not in cells:
+        raise CourseError(f"no exercise {exercise!r} in {stem}.ipynb (its exercises: {', '.join(cells) or 'none'})")
+    nb = json.loads(json.dumps(nb))
+    for index in cells[exercise]:
+        nb["cells"][index]["source"] = stub_source(cell_source(nb["cells"][index]), exercise, stem, f"{stem}.ipynb cell {index}")
+    return nb
+
+
+def run_stub_checks(project=None, only=None, exercises=None, timeout: float = DEFAULT_TIMEOUT,
+                    workers: int = DEFAULT_WORKERS) -> list[MutantResult]:
+    """The stub check of every exercise of the instructor's notebooks (`only`: some notebooks by stem; `exercises`:
+    some exercise ids): with that exercise alone stubbed, run up to its last graded cell. `killed` when every one of
+    its graded cells fails and every graded cell before its solution passes; `survived` names a graded cell that
+    passes without the solution; `breaks-earlier` names an earlier graded cell that the stub makes fail."""
+    timeout = _check_timeout(timeout)
+    project = find_project(project)
+    paths = _select(course_notebooks(project / "nbs"), only, project / "nbs")
+    checks, jobs = [], []
+    for path in paths:
+        nb, stem = read_notebook(path), path.stem
+        graded = graded_cells(nb, path.name)
+        for exercise, solution_at in solution_cells(nb, stem).items():
+            own = [c for c in graded if c.exercise == exercise]
+            if (exercises and exercise not in exercises) or not own:
+                continue
+            stubbed = stub_exercise(nb, stem, exercise)
+            earlier = [c for c in graded if c.index < min(solution_at) and c.exercise != exercise]
+            checks.append((stem, exercise, own, earlier))
+            jobs.append(lambda children, nb=stubbed, name=path.name, upto=max(c.index for c in own):
+                        run_cells(nb, name, timeout, upto=upto, children=children))
+    results = []
+    for (stem, exercise, own, earlier), run in zip(checks, _parallel(jobs, workers)):
+        passing = [c.grade_id for c in own if run.results.get(c.index, (False, ""))[0]]
+        broken = [(c.grade_id, run.results.get(c.index, (False, run.status))[1]) for c in earlier
+                  if not run.results.get(c.index, (False, ""))[0]]
+        if passing:
+            outcome, message = "survived", f"passes without the solution: {', '.join(passing)}"
+        elif broken:
+            outcome, message = "breaks-earlier", f"{broken[0][0]} (before the exercise) fails: {broken[0][1]}"
+        else:
+            outcome, message = "killed", ""
+        results.append(MutantResult(stem, exercise, "solution stubbed", outcome, message, round(run.seconds, 2)))
     return results
 
 

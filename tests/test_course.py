@@ -14,7 +14,7 @@ import pytest
 from minitrain_inspect.course import (BEGIN_SOLUTION, END_SOLUTION, STUB, CourseError, apply_mutation,
                                       course_notebooks, distinctive_solution_lines, exercises_without_mutation,
                                       find_leaks, grade, graded_cells, load_mutations, read_notebook, release,
-                                      run_mutants, solution_cells, stub_notebook, stub_source)
+                                      run_mutants, run_stub_checks, solution_cells, stub_notebook, stub_source)
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
@@ -361,6 +361,15 @@ def test_the_required_mutants_and_a_sample_are_killed():
         pytest.skip(f"killed {len(found)} required mutants; not written yet: {missing}")
 
 
+def test_each_exercise_stubbed_alone_fails_all_its_graded_cells_and_nothing_before_it():
+    start = time.perf_counter()
+    results = run_stub_checks(ROOT)
+    TIMES[f"stub check ({len(results)} exercises)"] = time.perf_counter() - start
+    assert results, "no exercise to check"
+    bad = [(r.notebook, r.exercise, r.outcome, r.message) for r in results if r.outcome != "killed"]
+    assert not bad, bad
+
+
 def test_every_exercise_has_a_mutation():
     uncovered = exercises_without_mutation(ROOT)
     assert not uncovered, f"exercises with no mutation: {uncovered}"
@@ -374,6 +383,10 @@ def test_mutants_command_line(tmp_path):
     assert out["without_mutation"] == []
     assert_one_line_error(cli("mutants", "--only", "18_cli", "--match", "no such mutation"), "no mutations to run")
     assert_one_line_error(cli("mutants", "--sample", "0"), "--sample must be at least 1, got 0")
+    r = cli("mutants", "--stubs", "--only", "18_cli", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(m["exercise"], m["name"], m["outcome"]) for m in json.loads(r.stdout)["mutants"]] == [
+        ("staging_folder", "solution stubbed", "killed")]
 
 
 def test_times():
