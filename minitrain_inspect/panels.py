@@ -485,15 +485,20 @@ def fixed_histogram(x, lo: float, hi: float, bins: int) -> Histogram:
         else:                         # a range from 0 (ReLU's): one pass fewer
             position = np.multiply(x.reshape(-1), bins / hi, dtype=dtype)
     nan = 0
-    if has_nan(position):
+    lowest, highest = (float(np.minimum.reduce(position)), float(np.maximum.reduce(position))) if position.size else (0.0, 0.0)
+    if math.isnan(highest):           # NumPy's max propagates NaN: one pass tells whether there is any
         is_nan = np.isnan(position)
         nan = int(np.count_nonzero(is_nan))
         position = position[~is_nan]
+        lowest, highest = (float(position.min()), float(position.max())) if position.size else (0.0, 0.0)
     total = position.size
     if total == 0:
         return Histogram(np.full(bins, np.nan), math.nan, math.nan, nan)  # nothing to count: undefined, not empty
-    below, above = int(np.count_nonzero(position < 0)), int(np.count_nonzero(position > bins))
-    np.clip(position, 0, bins - 1, out=position)  # only the top edge itself moves (into the last bin), and outliers
+    # The extremes decide what needs counting: usually nothing lies outside the range, and two passes are saved.
+    below = int(np.count_nonzero(position < 0)) if lowest < 0 else 0
+    above = int(np.count_nonzero(position > bins)) if highest > bins else 0
+    if lowest < 0 or highest >= bins:
+        np.clip(position, 0, bins - 1, out=position)  # only the top edge itself moves (into the last bin), and outliers
     counts = np.bincount(position.astype(np.intp), minlength=bins)
     counts[0] -= below  # ... which are then taken back out of the edge bins
     counts[-1] -= above
