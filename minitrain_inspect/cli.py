@@ -388,6 +388,9 @@ def _run_mutants(args) -> int:
                                           run_stub_checks, sample_mutations)
     project = find_project()
     if args.stubs:
+        if args.match or args.sample is not None:
+            raise ValueError("--match and --sample choose among the mutations; --stubs checks every exercise of the "
+                             "--only notebooks")
         return _report_mutants(args, run_stub_checks(project, only=args.only, timeout=args.timeout,
                                                      workers=_positive("workers", args.workers)), [])
     every = load_mutations(project / "tests" / "mutations", only=args.only)

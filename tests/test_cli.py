@@ -321,6 +321,8 @@ def test_docs_builds_the_site_or_says_what_is_missing(tmp_path):
     (("grade",), "the following arguments are required: DIR"),
     (("mutants", "--only", "99_nothing"), "no mutations to run"),
     (("mutants", "--timeout", "-1"), "positive number of seconds"),
+    (("mutants", "--stubs", "--sample", "3"), "--match and --sample choose among the mutations"),
+    (("mutants", "--stubs", "--only", "99_none"), "no notebook '99_none'"),
 ])
 def test_course_commands_refuse_bad_input_in_one_line(args, words):
     assert_one_line_error(run(*args), words)
