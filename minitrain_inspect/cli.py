@@ -410,17 +410,19 @@ def _run_mutants(args) -> int:
 
 
 def _report_mutants(args, results, uncovered) -> int:
-    bad = [r for r in results if r.outcome != "killed"]
+    unchecked = [r for r in results if r.outcome == "not checked"]    # they need PyTorch, which is not installed
+    bad = [r for r in results if r.outcome not in ("killed", "not checked")]
     if args.json:
-        print(json.dumps({"mutants": [asdict(r) for r in results], "killed": len(results) - len(bad),
-                          "not_killed": len(bad),
+        print(json.dumps({"mutants": [asdict(r) for r in results], "killed": len(results) - len(bad) - len(unchecked),
+                          "not_killed": len(bad), "not_checked": len(unchecked),
                           "without_mutation": [{"notebook": nb, "exercise": ex} for nb, ex in uncovered]}))
     else:
         for r in results:
-            print(f"{r.outcome:>8s}  {r.notebook}  {r.exercise}: {r.name}  ({r.seconds:.1f} s)"
+            print(f"{r.outcome:>11s}  {r.notebook}  {r.exercise}: {r.name}  ({r.seconds:.1f} s)"
                   + (f"  [{r.message}]" if r.message else ""))
-        print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed"
-              + (f"; survived or invalid: {', '.join(f'{r.notebook}/{r.exercise}: {r.name}' for r in bad)}" if bad else ""))
+        print(f"\n{len(results) - len(bad) - len(unchecked)} of {len(results) - len(unchecked)} mutants killed"
+              + (f"; survived or invalid: {', '.join(f'{r.notebook}/{r.exercise}: {r.name}' for r in bad)}" if bad else "")
+              + (f"; {len(unchecked)} not checked: they need PyTorch" if unchecked else ""))
         if uncovered:
             print(f"exercises with no mutation ({len(uncovered)}): {', '.join(f'{nb}/{ex}' for nb, ex in uncovered)}")
     return 1 if bad else 0

@@ -24,14 +24,14 @@ from .stats import atomic_write_text, sigint_deferred
 
 # %% auto #0
 __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LENGTH', 'PROJECT_FILES', 'STUDENT_README',
-           'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'CourseError', 'stub_source', 'solution_regions', 'read_notebook',
-           'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles',
-           'stub_notebook', 'reference_root', 'find_project', 'course_notebooks', 'distinctive_solution_lines',
-           'find_leaks', 'student_readme', 'release', 'failure_message', 'CellRun', 'run_cells', 'GradedCell',
-           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'score_notebook', 'lock_graded_cells',
-           'notebooks_folder', 'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation',
-           'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks', 'exercises_without_mutation',
-           'sample_mutations']
+           'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TORCH_HINT', 'CourseError', 'stub_source', 'solution_regions',
+           'read_notebook', 'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id',
+           'check_compiles', 'stub_notebook', 'reference_root', 'find_project', 'course_notebooks',
+           'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release', 'failure_message', 'CellRun',
+           'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch',
+           'torch_installed', 'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation',
+           'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise',
+           'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #3a3d98a0
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -530,6 +530,7 @@ class ExerciseResult:
     points: float
     max_points: float
     message: str = ""
+    graded: bool = True      # False: not graded here (it needs PyTorch, which this machine lacks); not in the totals
 
 
 @dataclass
@@ -561,7 +562,8 @@ class GradeReport:
         "The report as a table per exercise, the notebooks' times and statuses, and the total."
         rows = [("notebook", "exercise", "result", "points", "first failure")]
         for e in self.exercises:
-            rows.append((e.notebook, e.exercise, "passed" if e.passed else "FAILED", f"{_num(e.points)}/{_num(e.max_points)}",
+            rows.append((e.notebook, e.exercise, "passed" if e.passed else "FAILED" if e.graded else "not graded",
+                         f"{_num(e.points)}/{_num(e.max_points)}",
                          e.message if len(e.message) <= 100 else e.message[:97] + "..."))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
@@ -569,9 +571,10 @@ class GradeReport:
         for n in self.notebooks:
             extra = f"; {n.ungraded_errors} ungraded cell(s) failed, first: {n.first_ungraded_error}" if n.ungraded_errors else ""
             lines.append(f"{n.notebook}: {_num(n.points)}/{_num(n.max_points)} points in {n.seconds:.1f} s, {n.status}{extra}")
-        passed = sum(e.passed for e in self.exercises)
+        passed, graded = sum(e.passed for e in self.exercises), sum(e.graded for e in self.exercises)
+        skipped = len(self.exercises) - graded
         lines.append(f"\ntotal: {_num(self.points)} of {_num(self.max_points)} points "
-                     f"({passed} of {len(self.exercises)} exercises passed)")
+                     f"({passed} of {graded} exercises passed" + (f"; {skipped} not graded: {TORCH_HINT})" if skipped else ")"))
         return "\n".join(line.rstrip() for line in lines)
 
 
@@ -579,6 +582,21 @@ def _num(x) -> str:
     return f"{x:g}"
 
 # %% ../nbs/16_course.ipynb #e1df8d8b
+TORCH_HINT = 'grade where the torch extra is installed: pip install -e ".[torch]"'
+_TORCH_GUARDS = ("torch_available()", "HAS_TORCH")
+
+
+def needs_torch(source: str) -> bool:
+    "Whether a graded cell's `source` runs its checks only when PyTorch is installed (it tests `torch_available()` or `HAS_TORCH`)."
+    return any(guard in source for guard in _TORCH_GUARDS)
+
+
+def torch_installed() -> bool:
+    "Whether PyTorch can be imported by the notebooks this grader runs (the same interpreter), without importing it."
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+# %% ../nbs/16_course.ipynb #0a3bb579
 def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), missing=()) -> tuple[list, NotebookResult]:
     """The exercise results and the notebook result of notebook `nb` (file `name`) from its `run`; `missing` are the
     graded cells of the instructor's version that the notebook no longer has: they fail."""
@@ -591,6 +609,8 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
             message = (f"not run (skipped: {' '.join(sorted(set(directives(cell_source(nb['cells'][c.index]))) & set(skip_flags)) or ['eval: false'])})"
                        if c.index in run.skipped else run.status if run.status != "ok" else "not run")
         e = exercises.setdefault(c.exercise, ExerciseResult(stem, c.exercise, True, 0, 0))
+        if c not in missing and needs_torch(cell_source(nb["cells"][c.index])) and not torch_installed():
+            e.graded = False     # its cell skips itself without PyTorch: passing it would be points for nothing
         e.max_points += c.points
         if ok:
             e.points += c.points
@@ -598,6 +618,9 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
             if e.passed:
                 e.message = f"{c.grade_id}: {message}"
             e.passed = False
+    for e in exercises.values():
+        if not e.graded:
+            e.passed, e.points, e.max_points, e.message = False, 0, 0, f"not graded: it needs PyTorch ({TORCH_HINT})"
     ungraded = [m for i, (ok, m) in sorted(run.results.items()) if not ok and i not in graded]
     result = NotebookResult(stem, round(run.seconds, 2), run.status, sum(e.points for e in exercises.values()),
                             sum(e.max_points for e in exercises.values()), len(ungraded), ungraded[0] if ungraded else "")
@@ -776,7 +799,7 @@ def apply_mutation(nb: dict, mutation: Mutation) -> dict:
 # %% ../nbs/16_course.ipynb #c30b7494
 @dataclass
 class MutantResult:
-    "The outcome of one mutation: `killed`, `survived` or `invalid`, with the failure that killed it."
+    "The outcome of one mutation: `killed`, `survived`, `invalid` or `not checked` (it needs PyTorch), with the failure that killed it."
     notebook: str
     exercise: str
     name: str
@@ -802,6 +825,12 @@ def _exercise_failure(nb: dict, name: str, exercise: str, run: CellRun):
     return None
 
 
+def _untestable_here(nb: dict, name: str, exercise: str) -> bool:
+    "True when `exercise`'s graded cells check only with PyTorch and this machine has none: nothing can fail them here."
+    return not torch_installed() and any(needs_torch(cell_source(nb["cells"][c.index]))
+                                         for c in graded_cells(nb, name) if c.exercise == exercise)
+
+
 def run_mutants(mutations, project=None, timeout: float = DEFAULT_TIMEOUT, workers: int = DEFAULT_WORKERS) -> list[MutantResult]:
     """Apply each of `mutations` to the instructor's notebook in `project/nbs` and run it up to the exercise's last
     graded cell: `killed` if one of those cells fails; `invalid` if one fails unmutated too. Checks all of them first."""
@@ -816,17 +845,24 @@ def run_mutants(mutations, project=None, timeout: float = DEFAULT_TIMEOUT, worke
             notebooks[m.notebook] = read_notebook(path)
         nb = notebooks[m.notebook]
         mutated, upto = apply_mutation(nb, m), _last_graded(nb, m.exercise, f"{m.notebook}.ipynb")
+        if _untestable_here(nb, f"{m.notebook}.ipynb", m.exercise):
+            jobs.append(None)    # checked only where PyTorch is installed
+            continue
         baseline_upto[m.notebook] = max(upto, baseline_upto.get(m.notebook, -1))
         jobs.append(lambda children, nb=mutated, m=m, upto=upto: run_cells(nb, f"{m.notebook}.ipynb", timeout, upto=upto,
                                                                            children=children))
     stems = sorted(baseline_upto)
     jobs += [lambda children, s=s: run_cells(notebooks[s], f"{s}.ipynb", timeout, upto=baseline_upto[s], children=children)
              for s in stems]
-    runs = _parallel(jobs, workers)
+    runs = _parallel([job for job in jobs if job is not None], workers)
+    runs = [None if job is None else runs.pop(0) for job in jobs[:len(mutations)]] + runs
     baselines = dict(zip(stems, runs[len(mutations):]))
     results = []
     for m, run in zip(mutations, runs):
         nb, name = notebooks[m.notebook], f"{m.notebook}.ipynb"
+        if run is None:
+            results.append(MutantResult(m.notebook, m.exercise, m.name, "not checked", f"it needs PyTorch ({TORCH_HINT})", 0.0))
+            continue
         unmutated = _exercise_failure(nb, name, m.exercise, baselines[m.notebook])
         failure = _exercise_failure(nb, name, m.exercise, run)
         if unmutated is not None:
@@ -863,7 +899,7 @@ def run_stub_checks(project=None, only=None, exercises=None, timeout: float = DE
         graded = graded_cells(nb, path.name)
         for exercise, solution_at in solution_cells(nb, stem).items():
             own = [c for c in graded if c.exercise == exercise]
-            if (exercises and exercise not in exercises) or not own:
+            if (exercises and exercise not in exercises) or not own or _untestable_here(nb, path.name, exercise):
                 continue
             stubbed = stub_exercise(nb, stem, exercise)
             earlier = [c for c in graded if c.index < min(solution_at) and c.exercise != exercise]
