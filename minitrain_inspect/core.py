@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 # %% auto #0
-__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential']
+__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'method_of', 'Module',
+           'Sequential']
 
 # %% ../nbs/00_core.ipynb #315665ba
 def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = Exception, contains: str | None = None) -> BaseException:
@@ -159,8 +160,8 @@ class _SavedForBackward:
             self.stale = "mode"
 
 # %% ../nbs/00_core.ipynb #edf2f23b
-def _method_of(cls: type, name: str | None = None):
-    "Decorator: attach the function to `cls` as the method `name` (by default its own name without the first underscore)."
+def method_of(cls: type, name: str | None = None):
+    "Decorator: attach the function to `cls` as the method `name` (by default its own name without the first underscore), so a class grows cell by cell."
     def add(fn):
         method = name or fn.__name__[1:]
         fn.__name__, fn.__qualname__ = method, f"{cls.__name__}.{method}"
@@ -281,7 +282,7 @@ class Module:
         return head + body + "\n)"
 
 # %% ../nbs/00_core.ipynb #7bc27dec
-@_method_of(Module, "__call__")
+@method_of(Module, "__call__")
 def _call(self: Module, *args, **kwargs):
     "Run `forward`, then each forward hook as `hook(module, args, kwargs, output)`; return the output."
     ### BEGIN SOLUTION
@@ -293,7 +294,7 @@ def _call(self: Module, *args, **kwargs):
     ### END SOLUTION
 
 # %% ../nbs/00_core.ipynb #eabdcbc4
-@_method_of(Module)
+@method_of(Module)
 def _run_backward(self: Module, grad_output):
     "Run module backward hooks on `grad_output`, then `backward`. Containers call this on their children."
     ### BEGIN SOLUTION
@@ -304,7 +305,7 @@ def _run_backward(self: Module, grad_output):
     ### END SOLUTION
 
 # %% ../nbs/00_core.ipynb #0b2961ba
-@_method_of(Module)
+@method_of(Module)
 def _backprop(self: Module, grad_output):
     "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
     modules = [module for _, module in self.named_modules()]

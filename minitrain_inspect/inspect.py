@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .core import HookHandle, Module, Parameter
+from .core import HookHandle, Module, Parameter, method_of
 from .layers import ReLU, Tanh
 from .optim import Optimizer, l2_norm
 from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
@@ -303,16 +303,6 @@ class SpectralPanel(Panel):
         self._estimators.clear()
 
 # %% ../nbs/10_inspect.ipynb #d2260ddc
-def _method_of(cls):
-    "Decorator: add the function `_name` to `cls` as the method `name` (`__name` as `_name`), so a class grows cell by cell."
-    def add(fn):
-        name = fn.__name__[1:]
-        fn.__name__, fn.__qualname__ = name, f"{cls.__name__}.{name}"
-        setattr(cls, name, fn)
-        return fn
-    return add
-
-
 def _due_rate(panel: Panel, step: int, horizon: int) -> float:
     "Share of the next `horizon` steps at which `panel`'s schedule is due, divided by its stride."
     due = sum(1 for s in range(step + 1, step + 1 + horizon) if panel.schedule.due(s))
@@ -406,7 +396,7 @@ class BudgetGuard:
                                "overhead": round(overhead, 4)})
 
 # %% ../nbs/10_inspect.ipynb #7acd7c40
-@_method_of(BudgetGuard)
+@method_of(BudgetGuard)
 def __thin(self: BudgetGuard, step: int, panels: dict[str, Panel], reducible: list[str], cost_at: Callable[[int], float],
            target: float, cap: int, overhead: float) -> int:
     "Over budget: thin every reducible panel below `cap` by the smallest power of two that fits `target`; return it."
@@ -424,7 +414,7 @@ def __thin(self: BudgetGuard, step: int, panels: dict[str, Panel], reducible: li
     ### END SOLUTION
 
 # %% ../nbs/10_inspect.ipynb #460a3819
-@_method_of(BudgetGuard)
+@method_of(BudgetGuard)
 def __relax(self: BudgetGuard, step: int, panels: dict[str, Panel], overhead: float) -> None:
     "Headroom: halve the strides of the thinned panels, except those thinned recently or marked never to relax."
     ### BEGIN SOLUTION
@@ -556,7 +546,7 @@ class _Flags:
     per_class: bool = False
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def __open(self: Inspector, step: int) -> None:
     "Decide which panels measure at `step`, and set the flags the hooks read."
     self.step = step
@@ -565,7 +555,7 @@ def __open(self: Inspector, step: int) -> None:
     self._set_flags()
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def __set_flags(self: Inspector) -> None:
     "The hooks' flags: which panels are open at this step (all closed while disabled)."
     on, p = self._enabled, self.panels
@@ -574,7 +564,7 @@ def __set_flags(self: Inspector) -> None:
                          per_class=on and p["per_class"].active)
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def __end_step(self: Inspector) -> None:
     "The step is complete: measure what is measured after it, review the budget, open the next step."
     step, history = self.step, self.history
@@ -589,13 +579,13 @@ def __end_step(self: Inspector) -> None:
     self._open(step + 1)
 
 # %% ../nbs/10_inspect.ipynb #e4e3c204
-@_method_of(Inspector)
+@method_of(Inspector)
 def _snapshot(self: Inspector) -> dict:
     "A JSON-ready copy of every statistic: `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
     return {name: {"kind": self.kinds[name], **summarize(state)} for name, state in self.stats.items()}
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def _reset(self: Inspector) -> None:
     "Forget all statistics, history, costs and thinning, and start again at step 0; the hooks stay."
     for name in self.stats:
@@ -619,7 +609,7 @@ Inspector.__repr__ = lambda self: (f"Inspector({len(self.handles)} hooks, {len(s
                                    f"step {self.step}, enabled={self.enabled})")
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def _remove_all(self: Inspector) -> None:
     "Remove every hook this Inspector registered (statistics and history are kept)."
     for handle in self.handles:
@@ -658,13 +648,13 @@ def _model_training(self: Inspector) -> bool:
     return self.model.training if self.model is not None else True
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def __keep_extra(self: Inspector, handle: HookHandle) -> HookHandle:
     self.handles.append(handle)
     return handle
 
 # %% ../nbs/10_inspect.ipynb #b887b91f
-@_method_of(Inspector)
+@method_of(Inspector)
 def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
     "Stream the statistics of `module`'s output under `name` (panel 2), and unit health for ReLU/tanh (panel 6)."
     if not isinstance(module, Module):
@@ -695,7 +685,7 @@ def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
     return handle
 
 # %% ../nbs/10_inspect.ipynb #a5449194
-@_method_of(Inspector)
+@method_of(Inspector)
 def _register_backward(self: Inspector, name: str, param: Parameter) -> HookHandle:
     "Stream the statistics of `param`'s gradient under `name` (panel 3), once its gradient is complete."
     if not isinstance(param, Parameter):
@@ -718,7 +708,7 @@ def _register_backward(self: Inspector, name: str, param: Parameter) -> HookHand
     return handle
 
 # %% ../nbs/10_inspect.ipynb #756e4c7d
-@_method_of(Inspector)
+@method_of(Inspector)
 def _register_grad_output(self: Inspector, name: str, module: Module) -> HookHandle:
     "Stream the gradient arriving at `module`'s output under `name + ':grad_output'` (panel 3)."
     if not isinstance(module, Module):
@@ -735,7 +725,7 @@ def _register_grad_output(self: Inspector, name: str, module: Module) -> HookHan
     ### END SOLUTION
 
 # %% ../nbs/10_inspect.ipynb #5b4ecdd1
-@_method_of(Inspector)
+@method_of(Inspector)
 def _register_loss(self: Inspector, loss_fn: Module) -> HookHandle:
     "Record each batch loss computed by `loss_fn` (panel 1) and, with labels, its per-class split (panel 7)."
     if not isinstance(loss_fn, Module):
@@ -763,7 +753,7 @@ def _register_loss(self: Inspector, loss_fn: Module) -> HookHandle:
     return self._keep_extra(loss_fn.register_forward_hook(loss_hook))
 
 # %% ../nbs/10_inspect.ipynb #0f626d76
-@_method_of(Inspector)
+@method_of(Inspector)
 def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandle]:
     """Hook the optimiser's step: just before it, the step's final gradients (panel 3) and the weights' norms
     (panel 4); just after it, the update ratios and the end of the Inspector's step."""
@@ -796,7 +786,7 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
     return handles
 
 # %% ../nbs/10_inspect.ipynb #ce7aaf99
-@_method_of(Inspector)
+@method_of(Inspector)
 def _attach(self: Inspector, model: Module | None = None) -> Inspector:
     "Hook every leaf module and parameter of the model, its loss module and optimiser; all or nothing."
     model = model if model is not None else self.model
@@ -853,7 +843,7 @@ def _attach(self: Inspector, model: Module | None = None) -> Inspector:
     return self
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def __forget(self: Inspector) -> None:
     "Forget the names, kinds and statistics of the model watched so far (before watching another)."
     self.stats.clear()
@@ -867,7 +857,7 @@ def __forget(self: Inspector) -> None:
     self.reset()
 
 # %% ../nbs/10_inspect.ipynb #ac4a8a59
-@_method_of(Inspector)
+@method_of(Inspector)
 def _label_batch(self: Inspector, verb_labels=None, *, regular=None) -> None:
     "Label the next training batch for the per-class panel: `verb_labels` (lemmas) or `regular` (a boolean mask)."
     if (verb_labels is None) == (regular is None):
@@ -882,7 +872,7 @@ def _label_batch(self: Inspector, verb_labels=None, *, regular=None) -> None:
     self._labelled_step = self.step
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def _begin_run(self: Inspector, run) -> None:
     "Observer hook of `train()`: attach to the run's model, loss and optimiser (an Inspector used before starts afresh)."
     if self.handles:
@@ -898,7 +888,7 @@ def _begin_run(self: Inspector, run) -> None:
     self._attached_by_run = True
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def _before_step(self: Inspector, step: int, batch) -> None:
     "Observer hook of `train()`: label the batch for the per-class panel."
     mask = getattr(batch, "regular", None)
@@ -908,7 +898,7 @@ def _before_step(self: Inspector, step: int, batch) -> None:
         self.label_batch(batch.lemmas)
 
 
-@_method_of(Inspector)
+@method_of(Inspector)
 def _end_run(self: Inspector) -> None:
     "Observer hook of `train()`: remove the hooks that `begin_run` registered (also when training failed)."
     if self._attached_by_run:
