@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .stats import atomic_write_text, sigint_deferred
+from .stats import replace_folder, sigint_deferred
 
 # %% auto #0
 __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LENGTH', 'PROJECT_FILES', 'STUDENT_README',
@@ -338,7 +338,6 @@ def release(out_dir, project=None, force: bool = False) -> Path:
     """Write the student release of the course in `project` (default: `find_project()`) to `out_dir`: stubbed
     notebooks in `nbs/`, the package exported from them, the packaging files and a student README. An existing
     non-empty `out_dir` is refused unless `force`; the folder is replaced as a whole, only once complete."""
-    from minitrain_inspect.trace import _publish_folder     # the folder-replacing helper of 14_trace
     project = find_project(project)
     out_dir = _check_out_dir(out_dir, project, force)
     notebooks = course_notebooks(project / "nbs")
@@ -365,7 +364,7 @@ def release(out_dir, project=None, force: bool = False) -> Path:
             path, line = leaks[0]
             raise CourseError(f"the release would ship a solution line ({len(leaks)} in all), e.g. {line!r} in "
                               f"{path.relative_to(staging)}")
-        _publish_folder(staging, out_dir)
+        replace_folder(staging, out_dir)
     finally:
         with sigint_deferred():
             shutil.rmtree(staging, ignore_errors=True)

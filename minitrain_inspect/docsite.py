@@ -23,7 +23,7 @@ from nbconvert.filters.highlight import Highlight2HTML
 from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 from nbformat.v4.rwbase import rejoin_lines
 
-from .stats import sigint_deferred
+from .stats import replace_folder
 
 # %% auto #0
 __all__ = ['SKIP_WHEN_EXECUTING', 'MATHJAX', 'MARKER', 'Page', 'read_notebook', 'describe_notebook', 'course_pages',
@@ -388,23 +388,6 @@ def _staging_folder(out: Path) -> Path:
     except OSError as exc:
         raise ValueError(f"cannot build the site in {out}: cannot create a folder in {out.parent} ({exc.strerror})") from None
 
-
-def _swap_into_place(staging: Path, out: Path) -> None:
-    "Replace `out` by `staging`: two renames and a removal, Ctrl-C held. `out` is always the new site or the old one."
-    with sigint_deferred():
-        aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
-        try:
-            if out.exists():
-                os.rename(out, aside / "site")
-            try:
-                os.rename(staging, out)
-            except BaseException:
-                if (aside / "site").exists():
-                    os.rename(aside / "site", out)
-                raise
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
-
 # %% ../nbs/17_docsite.ipynb #4b4dfa5e
 def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
     """Render every notebook in `nbs_path` into a static site in `out_dir` (replaced as a whole, atomically) and return
@@ -432,7 +415,7 @@ def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
         (staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
                                       encoding="utf-8")
         os.chmod(staging, 0o755)                        # mkdtemp makes it private; a site is for reading
-        _swap_into_place(staging, out)
+        replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -10,9 +10,11 @@ import math
 import operator
 import os
 import secrets
+import shutil
 import signal
 import stat
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import NamedTuple
@@ -22,7 +24,7 @@ import numpy as np
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
            'fast_moments', 'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize',
-           'check_output_path', 'atomic_output', 'atomic_write_text', 'sigint_deferred']
+           'check_output_path', 'atomic_output', 'atomic_write_text', 'sigint_deferred', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -493,3 +495,22 @@ def sigint_deferred():
         signal.signal(signal.SIGINT, previous)
     if received:
         raise KeyboardInterrupt
+
+# %% ../nbs/08_stats.ipynb #46ab5314
+def replace_folder(staging, out) -> Path:
+    "Replace folder `out` (if any) by folder `staging`, in the same parent: `out` is always the new folder or the previous one."
+    staging, out = Path(staging), Path(out)
+    with sigint_deferred():
+        aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
+        try:
+            if out.exists():
+                os.rename(out, aside / "previous")
+            try:
+                os.rename(staging, out)
+            except BaseException:
+                if (aside / "previous").exists():
+                    os.rename(aside / "previous", out)
+                raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    return out

@@ -30,7 +30,7 @@ from .data import Batch
 from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
-from .stats import atomic_output, atomic_write_text, sigint_deferred, to_jsonable
+from .stats import atomic_output, atomic_write_text, replace_folder, sigint_deferred, to_jsonable
 from .train import (PastTenseModel, TrainConfig, blas_threads, build_run,
                                      run_data)
 from .twin import (INSTALL_HINT, TorchMissingError, param_pairs, record_masks, replay_masks,
@@ -1225,23 +1225,6 @@ def _check_out_folder(out: Path) -> Path:
     return out
 
 
-def _publish_folder(staging: Path, out: Path) -> None:
-    "Replace `out` by `staging` (two renames and a removal, Ctrl-C deferred): `out` is the new run or the previous one."
-    with sigint_deferred():
-        aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
-        try:
-            if out.exists():
-                os.rename(out, aside / "run")
-            try:
-                os.rename(staging, out)
-            except BaseException:
-                if (aside / "run").exists():
-                    os.rename(aside / "run", out)
-                raise
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
-
-
 def _sweep_options(args, config: TrainConfig) -> dict:
     "The checked comparison options of `args`: compare, batches, steps, resync, rtol, atol, multiplier, rounding."
     if args.compare not in COMPARE_WITH:
@@ -1294,7 +1277,7 @@ def run_trace(args) -> tuple[dict, Sweep]:
             "steps": opts["steps"], "criterion": used.criterion, "rtol": used.rtol, "atol": used.atol,
             "multiplier": used.multiplier, "config": asdict(config)})
         atomic_write_text(staging / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
-        _publish_folder(staging, out)
+        replace_folder(staging, out)
     finally:
         with sigint_deferred():
             shutil.rmtree(staging, ignore_errors=True)
