@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .stats import replace_folder, sigint_deferred
+from .stats import check_output_path, replace_folder, sigint_deferred
 
 # %% auto #0
 __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LENGTH', 'PROJECT_FILES', 'STUDENT_README',
@@ -331,6 +331,10 @@ def _check_out_dir(out_dir: Path, project: Path, force: bool) -> Path:
             raise CourseError(f"--out {out_dir} is a file, not a folder")
         if any(out_dir.iterdir()) and not force:
             raise CourseError(f"--out {out_dir} is not empty: name a new or empty folder, or pass --force to replace it")
+    try:   # the release is staged beside --out: its folder must exist and take new files (checked leaving nothing)
+        check_output_path(out_dir.parent / f".{out_dir.name}.release-check")
+    except ValueError as exc:
+        raise CourseError(f"--out {out_dir}: {exc}") from None
     return out_dir
 
 

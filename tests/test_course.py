@@ -171,6 +171,13 @@ def test_release_refuses_a_non_empty_folder_and_replaces_it_with_force(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["student"], "nothing left beside it"
 
 
+def test_release_refuses_a_folder_it_cannot_stage_beside(tmp_path):
+    assert_one_line_error(cli("release", "--out", str(tmp_path / "missing" / "student")), "does not exist")
+    (tmp_path / "a-file").write_text("x")
+    assert_one_line_error(cli("release", "--out", str(tmp_path / "a-file" / "student")), "is not a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"], "nothing left behind"
+
+
 # --- grading: the command line on a small synthetic course ----------------------------------------------------------
 
 def _nb(*cells):
