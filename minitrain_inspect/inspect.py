@@ -268,7 +268,7 @@ class UpdatePanel(Panel):
                 np.subtract(p.data, before, out=before)  # the buffer now holds the update
                 delta = l2_norm(before)
             w_norm = self._norms[name]
-            history.record(f"updates/{name}/ratio", step, delta / w_norm if w_norm > 0 else math.nan)
+            history.record(f"updates/{name}/ratio", step, delta / w_norm if 0 < w_norm < math.inf else math.nan)
             ### END SOLUTION
         self._norms = {}
         self.cost += self.clock() - start
