@@ -273,3 +273,31 @@ def test_other_bad_inputs_are_refused(data, tmp_path):
             TorchRun(SMALL, data, "tensorboard")
         with pytest.raises(ValueError, match="unit health"):
             torch_unit_health(torch.zeros(2, 2), "sigmoid")
+
+
+def _where_time_goes():
+    "The benchmark script benchmarks/where_time_goes.py, imported by path (benchmarks/ is not a package)."
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "where_time_goes.py"
+    spec = importlib.util.spec_from_file_location("where_time_goes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_where_time_goes_prints_both_tables_and_leaves_the_variants_as_they_were(capsys):
+    from minitrain_inspect.overhead import VARIANTS
+    before = dict(VARIANTS)
+    script = _where_time_goes()
+    assert script.main(["--steps", "4", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for row in ("| nothing_due |", "| only_units |", "| every_step |", "| gradients | (256, 256) |",
+                "| activations | (64, 256) |", "| act_grads |"):
+        assert row in out, f"expected a row starting {row!r} in the benchmark's tables, got:\n{out}"
+    assert VARIANTS == before, "the script must take its extra variants away again"
+    from minitrain_inspect.inspect import TensorPanel
+    assert TensorPanel.measure.__name__ == "measure" and TensorPanel.measure.__qualname__ == "TensorPanel.measure", \
+        "the script must put TensorPanel.measure back"
+    with pytest.raises(SystemExit):
+        script.main(["--steps", "2"])
