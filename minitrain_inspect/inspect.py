@@ -18,7 +18,7 @@ from .optim import Optimizer, l2_norm
 from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
                                       unit_health)
 from .per_class_loss import class_masks
-from .stats import check_int, new_state, summarize, welford_update
+from .stats import TensorMoments, check_int, new_state, summarize, welford_update
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
 _all_ = ["HookHandle", "welford_update"]
@@ -108,8 +108,8 @@ class TensorPanel(Panel):
         self._keys: dict[tuple[str, str], list] = {}
 
     def measure(self, history: History, prefix: str, name: str, step: int, x: np.ndarray,
-                stat: str | None = None) -> None:
-        "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field` at `step`."
+                stat: str | None = None) -> TensorMoments:
+        "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field` at `step`; return `x`'s moments."
         start = self.clock()
         keys = self._keys.get((prefix, name))
         if keys is None:   # the history keys of this tensor, formatted once
@@ -122,6 +122,7 @@ class TensorPanel(Panel):
         if tm.nonfinite:        # recorded only when there are any: a clean run carries no series of zeros
             history.record(f"{prefix}/{name}/nonfinite", step, tm.nonfinite)
         self.cost += self.clock() - start
+        return tm
 
 # %% ../nbs/10_inspect.ipynb #04205c50
 def _activation_kind(module: Module) -> str | None:
@@ -147,15 +148,18 @@ class UnitPanel(Panel):
         lo, hi = ACTIVATION_RANGES[kind]
         return {"kind": kind, "lo": lo, "hi": hi, "bins": self.bins}
 
-    def measure(self, history: History, name: str, kind: str, step: int, output: np.ndarray) -> None:
-        "Record unit health and the histogram of `output` (a ReLU or tanh layer's output) at `step`."
+    def measure(self, history: History, name: str, kind: str, step: int, output: np.ndarray,
+                moments: TensorMoments | None = None) -> None:
+        """Record unit health and the histogram of `output` (a ReLU or tanh layer's output) at `step`. `moments`, the
+        activation panel's `TensorMoments` of this same output, lends the histogram its exact extremes (two passes)."""
         start = self.clock()
         units_field, share_field = self.FIELD_NAMES[kind]
         units, share = unit_health(output, kind)
         history.record(f"units/{name}/{units_field}", step, units)
         history.record(f"units/{name}/{share_field}", step, share)
         lo, hi = ACTIVATION_RANGES[kind]
-        hist = fixed_histogram(output, lo, hi, self.bins)
+        whole = moments is not None and 0 < moments.n == np.size(output)   # every value finite: the extremes are exact
+        hist = fixed_histogram(output, lo, hi, self.bins, (moments.min, moments.max) if whole else None)
         history.record(f"units/{name}/histogram", step, hist.fractions)   # stored as a list of floats
         history.record(f"units/{name}/below", step, hist.below)
         history.record(f"units/{name}/above", step, hist.above)
@@ -669,10 +673,11 @@ def _register_forward(self: Inspector, name: str, module: Module) -> HookHandle:
         if flags.act and mod.training:
             if not isinstance(output, np.ndarray):     # a loss module's LossOutput, say: nothing to measure
                 return self.note(f"{name}: its output is a {type(output).__name__}, not an array; not measured")
+            moments = None
             if activations.active:
-                activations.measure(history, "activations", name, self.step, output)
+                moments = activations.measure(history, "activations", name, self.step, output)
             if kind is not None and flags.units:
-                units.measure(history, name, kind, self.step, output)
+                units.measure(history, name, kind, self.step, output, moments)
 
     handle = _keep(self, name, "activation", module.register_forward_hook(forward_hook))
     ### END SOLUTION
