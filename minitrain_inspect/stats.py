@@ -259,6 +259,8 @@ def sum_of_squares(flat: np.ndarray) -> float:
     """Sum of the squares of a 1-D float32 array by BLAS dots over blocks of 16,384 values, added in float64: within
     about 1e-6 relative (measured). One dot over a whole large array drifts: its float32 running sums grow with the
     length, and on data with many equal values it was off by 1.5e-5 at 131,072 values and 6.6e-5 at a million."""
+    if flat.ndim != 1:  # np.dot of two matrices is a matrix product, not a sum of squares
+        raise ValueError(f"sum_of_squares needs a 1-D array, got shape {flat.shape}")
     size = flat.size
     if size <= _SQUARES_BLOCK:
         return float(np.dot(flat, flat))
