@@ -506,9 +506,16 @@ def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, f
     dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
     position = _bin_positions(x.reshape(-1), lo, hi, bins, dtype)
     nan = 0
-    if extremes is not None and dtype == x.dtype and position.size and not math.isnan(sum(extremes)):
+    if extremes is not None:
+        try:
+            smallest, largest = (float(v) for v in extremes)
+        except (TypeError, ValueError):
+            raise TypeError(f"extremes must be a pair of numbers (min, max), got {extremes!r}") from None
+        if smallest > largest:
+            raise ValueError(f"extremes must be (min, max) with min <= max, got {extremes!r}")
+    if extremes is not None and dtype == x.dtype and position.size and not math.isnan(smallest + largest):
         # Rounding is monotone, so the extremes' positions, by the same operations, are the positions' extremes.
-        lowest, highest = _bin_positions(np.array(extremes, dtype=dtype), lo, hi, bins, dtype).tolist()
+        lowest, highest = _bin_positions(np.array([smallest, largest], dtype=dtype), lo, hi, bins, dtype).tolist()
     else:
         lowest, highest = (float(np.minimum.reduce(position)), float(np.maximum.reduce(position))) if position.size else (0.0, 0.0)
     if math.isnan(highest):           # NumPy's max propagates NaN: one pass tells whether there is any
