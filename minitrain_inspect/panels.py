@@ -508,7 +508,7 @@ def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, f
     nan = 0
     if extremes is not None:
         try:
-            smallest, largest = (float(v) for v in extremes)
+            smallest, largest = map(float, extremes)
         except (TypeError, ValueError):
             raise TypeError(f"extremes must be a pair of numbers (min, max), got {extremes!r}") from None
         if smallest > largest:
