@@ -31,6 +31,7 @@ setuptools.setup(
     install_requires=shlex.split(cfg.get("requirements", "")),
     extras_require={"dev": shlex.split(cfg.get("dev_requirements", "")),
                     "torch": shlex.split(cfg.get("torch_requirements", "")),
+                    "fast": shlex.split(cfg.get("fast_requirements", "")),
                     "lab": shlex.split(cfg.get("lab_requirements", ""))},
     python_requires=">=" + cfg["min_python"],
     long_description=open("README.md", encoding="utf-8").read(),

@@ -18,7 +18,7 @@ from .optim import Optimizer, l2_norm
 from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
                                       unit_health)
 from .per_class_loss import class_masks
-from .stats import TensorMoments, check_int, new_state, summarize, welford_update
+from .stats import TensorMoments, check_int, moment_kernels, new_state, summarize, welford_update
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
 _all_ = ["HookHandle", "welford_update"]
@@ -478,6 +478,8 @@ class Inspector:
         self._enabled = bool(enabled)
         self.exact = bool(exact)
         self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
+        if not self.exact:
+            moment_kernels()   # compile the one-pass kernel now (if numba is there): never inside a measured step
         self._attached_by_run = False
         self._labels = None            # (regular, irregular) masks for the next training batch's loss
         self._labelled_step = None     # the last step that was given labels

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import operator
 import os
@@ -23,8 +24,9 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
-           'sum_of_squares', 'fast_moments', 'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable',
-           'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text', 'sigint_deferred', 'replace_folder']
+           'sum_of_squares', 'fast_moments', 'moment_kernels', 'one_pass_moments', 'merge_moments', 'new_state',
+           'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
+           'atomic_write_text', 'sigint_deferred', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -302,6 +304,66 @@ def fast_moments(x) -> TensorMoments:
     return TensorMoments(n, min(max(mean, lo), hi), m2, lo, hi)
     ### END SOLUTION
 
+# %% ../nbs/08_stats.ipynb #4fd8c3e8
+def _one_pass(values, bits):
+    """Compiled by `moment_kernels`: the float64 sums of `values` (1-D float32) and of their squares, and the bits of
+    its smallest and largest value (as int32, from `bits`, the same memory read as int32), in one loop."""
+    lo, hi = np.int32(2147483647), np.int32(-2147483648)
+    total, squares = 0.0, 0.0
+    for i in range(values.size):
+        b = bits[i]
+        key = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))   # int order of the keys = float order of the values
+        lo, hi = min(lo, key), max(hi, key)
+        v = np.float64(values[i])
+        total += v
+        squares += v * v
+    extremes = np.empty(2, np.int32)
+    extremes[0], extremes[1] = lo ^ ((lo >> 31) & np.int32(0x7FFFFFFF)), hi ^ ((hi >> 31) & np.int32(0x7FFFFFFF))
+    lowest, highest = extremes.view(np.float32)          # the key map is its own inverse: back to the floats' bits
+    return total, squares, np.float64(lowest), np.float64(highest)
+
+
+def _squared_deviations(values, centre):
+    "Compiled by `moment_kernels`: the float64 sum of (value - centre)**2 over `values` (1-D float32)."
+    total = 0.0
+    for i in range(values.size):
+        d = np.float64(values[i]) - centre
+        total += d * d
+    return total
+
+
+@functools.cache
+def moment_kernels():
+    """`(one_pass, squared_deviations)` compiled by numba (once per process), or None when numba is not installed.
+    Additions may be reordered (to vectorise); NaN and inf keep their meaning."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
+    one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
+    probe = np.arange(4, dtype=np.float32)               # compile now, not inside the first measured step
+    one_pass(probe, probe.view(np.int32)), deviations(probe, 1.5)
+    return one_pass, deviations
+
+# %% ../nbs/08_stats.ipynb #56b96106
+def one_pass_moments(x) -> TensorMoments:
+    """`fast_moments`'s summary in one compiled pass over a float32 array (two when the mean sits far from zero), with
+    float64 sums and exact extremes. Without numba, or for any other input, it is `fast_moments(x)`."""
+    kernels = moment_kernels()
+    if kernels is None or not (type(x) is np.ndarray and x.dtype == np.float32 and x.size > 1
+                               and x.flags.c_contiguous and x.flags.writeable):
+        return fast_moments(x)
+    flat = x.reshape(-1)
+    total, squares, lo, hi = kernels[0](flat, flat.view(np.int32))
+    if not math.isfinite(total):                  # NaN or inf: the exact path counts them apart
+        return tensor_moments(x)
+    n = flat.size
+    mean = min(max(total / n, lo), hi)
+    offset = n * mean * mean
+    m2 = squares - offset if offset <= 0.5 * squares else kernels[1](flat, mean)   # c > 1/2: about the mean
+    return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
+
 # %% ../nbs/08_stats.ipynb #59952dcc
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
     "Chan's merge for summaries at the ends of float64's range: (mean, m2, m2_exp), computed in units of 2**w."
@@ -367,14 +429,34 @@ def _store(state: dict, tm: TensorMoments) -> None:
      state["m2_exp"]) = tm
 
 
+def _fold_plain(state: dict, tm: TensorMoments) -> bool:
+    """`merge_moments` in the usual case, written into `state` in place (the Inspector does this some twenty times a
+    step): both sides hold finite values, none non-finite, and every term stays in float64's plain range. Returns
+    False, changing nothing, in any other case."""
+    a_n, b_n = state["n"], tm.n
+    if not (a_n and b_n) or tm.nonfinite or state["m2_exp"] or tm.m2_exp:
+        return False
+    n, delta = a_n + b_n, tm.mean - state["mean"]
+    m2 = state["m2"] + tm.m2 + delta * delta * (a_n * b_n / n)
+    if not ((delta == 0.0 or _SAFE_MEAN[0] <= abs(delta) <= _SAFE_MEAN[1]) and (m2 == 0.0 or _PLAIN[0] <= m2 <= _PLAIN[1])):
+        return False
+    state["n"], state["mean"], state["m2"] = n, state["mean"] + delta * (b_n / n), m2
+    if tm.min < state["min"]:
+        state["min"] = tm.min
+    if tm.max > state["max"]:
+        state["max"] = tm.max
+    return True
+
+
 def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
-    `fast=True` measures `x` with `fast_moments` (the Inspector's hot path)."""
+    `fast=True` measures `x` with `one_pass_moments` (the Inspector's hot path)."""
     _complete(state)
-    tm = fast_moments(x) if fast else tensor_moments(x, scratch)
+    tm = one_pass_moments(x) if fast else tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
-    _store(state, merge_moments(_moments_of(state), tm))
+    if not _fold_plain(state, tm):
+        _store(state, merge_moments(_moments_of(state), tm))
     state["tensors"] += 1
     state["l2"] = l2 = tm.l2
     if tm.n:  # a tensor with no finite value has no norm (nan); it does not pull the running mean to 0
