@@ -15,8 +15,7 @@ import numpy as np
 from .core import HookHandle, Module, Parameter, method_of
 from .layers import ReLU, Tanh
 from .optim import Optimizer, l2_norm
-from .panels import (ACTIVATION_RANGES, History, SpectralNorm, as_schedule, fixed_histogram,
-                                      unit_health)
+from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, unit_kernel, unit_summary
 from .per_class_loss import class_masks
 from .stats import TensorMoments, check_int, moment_kernels, new_state, summarize, welford_update
 
@@ -154,12 +153,10 @@ class UnitPanel(Panel):
         activation panel's `TensorMoments` of this same output, lends the histogram its exact extremes (two passes)."""
         start = self.clock()
         units_field, share_field = self.FIELD_NAMES[kind]
-        units, share = unit_health(output, kind)
+        whole = moments is not None and 0 < moments.n == np.size(output)   # every value finite: the extremes are exact
+        (units, share), hist = unit_summary(output, kind, self.bins, (moments.min, moments.max) if whole else None)
         history.record(f"units/{name}/{units_field}", step, units)
         history.record(f"units/{name}/{share_field}", step, share)
-        lo, hi = ACTIVATION_RANGES[kind]
-        whole = moments is not None and 0 < moments.n == np.size(output)   # every value finite: the extremes are exact
-        hist = fixed_histogram(output, lo, hi, self.bins, (moments.min, moments.max) if whole else None)
         history.record(f"units/{name}/histogram", step, hist.fractions)   # stored as a list of floats
         history.record(f"units/{name}/below", step, hist.below)
         history.record(f"units/{name}/above", step, hist.above)
@@ -479,7 +476,7 @@ class Inspector:
         self.exact = bool(exact)
         self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
         if not self.exact:
-            moment_kernels()   # compile the one-pass kernel now (if numba is there): never inside a measured step
+            moment_kernels(), unit_kernel()   # compile the kernels now (if numba is there): never inside a measured step
         self._attached_by_run = False
         self._labels = None            # (regular, irregular) masks for the next training batch's loss
         self._labelled_step = None     # the last step that was given labels

@@ -12,12 +12,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .stats import FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan, to_jsonable
+import functools
+
+from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
+                                    optional_numba, to_jsonable)
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
            'LogSchedule', 'as_schedule', 'BoundedSeries', 'History', 'SpectralNorm', 'power_iteration', 'UnitHealth',
-           'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram']
+           'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram', 'unit_kernel', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #80061fe1
 def _check_step(step) -> int:
@@ -538,3 +541,66 @@ def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, f
     counts[0] -= below  # ... which are then taken back out of the edge bins
     counts[-1] -= above
     return Histogram(counts / total, below / total, above / total, nan)
+
+# %% ../nbs/09_panels.ipynb #a0db6386
+def _unit_pass(a, relu, saturation, lo, scale, bins):
+    """Compiled by `unit_kernel`: for a 2-D float32 array (rows: examples, columns: units), the counts of stuck outputs,
+    non-NaN outputs, stuck units and units with any non-NaN output; of positions below and above [0, bins]; and the
+    bins' counts (an int64 array), the positions being `(a - lo) * scale` in float32."""
+    rows, cols = a.shape
+    stuck_column, valid_column = np.ones(cols, np.uint8), np.zeros(cols, np.uint8)
+    stuck, valid = 0, 0
+    for i in range(rows):
+        for j in range(cols):
+            v = a[i, j]
+            ok = v == v                                               # NaN is never stuck, and never counted
+            s = (v <= 0) if relu else (abs(v) > saturation)
+            stuck += s
+            valid += ok
+            stuck_column[j] &= s | (not ok)
+            valid_column[j] |= ok
+    stuck_units, valid_units = 0, 0
+    for j in range(cols):
+        valid_units += valid_column[j]
+        stuck_units += stuck_column[j] & valid_column[j]
+    counts, top = np.zeros(bins, np.int64), np.float32(bins)
+    below, above = 0, 0
+    for i in range(rows):
+        for j in range(cols):
+            position = (a[i, j] - lo) * scale
+            if position >= 0 and position <= top:                    # the top edge goes into the last bin
+                counts[min(int(position), bins - 1)] += 1
+            elif position < 0:
+                below += 1
+            elif position > top:                                      # (NaN is neither)
+                above += 1
+    return stuck, valid, stuck_units, valid_units, below, above, counts
+
+
+@functools.cache
+def unit_kernel():
+    "`_unit_pass` compiled by numba (once per process), or None when numba is not installed."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    kernel = numba.njit(boundscheck=False, cache=False)(_unit_pass)
+    kernel(np.ones((2, 2), np.float32), True, np.float32(SATURATION), np.float32(0.0), np.float32(1.0), 2)  # compile now
+    return kernel
+
+# %% ../nbs/09_panels.ipynb #5cdd9482
+def unit_summary(output, kind: str, bins: int = 40, extremes: tuple[float, float] | None = None) -> tuple[UnitHealth, Histogram]:
+    """`(unit_health(output, kind), fixed_histogram(output, *ACTIVATION_RANGES[kind], bins, extremes))`, in one compiled
+    call for a contiguous float32 array when numba is installed; `extremes` (see `fixed_histogram`) serve the other way."""
+    lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
+    kernel = unit_kernel()
+    a = output
+    if (kernel is None or not (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim and a.size
+                               and a.flags.c_contiguous and a.flags.writeable)):
+        return unit_health(output, kind), fixed_histogram(output, lo, hi, bins, extremes)
+    bins = check_int(bins, "bins", minimum=1)
+    stuck, valid, stuck_units, valid_units, below, above, counts = kernel(
+        a.reshape(-1, a.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo), np.float32(bins / (hi - lo)), bins)
+    if valid == 0:
+        return UnitHealth(math.nan, math.nan), Histogram(np.full(bins, np.nan), math.nan, math.nan, a.size)
+    return (UnitHealth(stuck_units / valid_units, stuck / valid),
+            Histogram(counts / valid, below / valid, above / valid, a.size - valid))

@@ -24,8 +24,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
-           'sum_of_squares', 'fast_moments', 'moment_kernels', 'one_pass_moments', 'merge_moments', 'new_state',
-           'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
+           'sum_of_squares', 'fast_moments', 'optional_numba', 'moment_kernels', 'one_pass_moments', 'merge_moments',
+           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
            'atomic_write_text', 'sigint_deferred', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
@@ -333,12 +333,21 @@ def _squared_deviations(values, centre):
 
 
 @functools.cache
-def moment_kernels():
-    """`(one_pass, squared_deviations)` compiled by numba (once per process), or None when numba is not installed.
-    Additions may be reordered (to vectorise); NaN and inf keep their meaning."""
+def optional_numba():
+    "The numba module (imported once, on first use), or None when it is not installed (the extra `fast`)."
     try:
         import numba
     except ImportError:
+        return None
+    return numba
+
+
+@functools.cache
+def moment_kernels():
+    """`(one_pass, squared_deviations)` compiled by numba (once per process), or None when numba is not installed.
+    Additions may be reordered (to vectorise); NaN and inf keep their meaning."""
+    numba = optional_numba()
+    if numba is None:
         return None
     jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
     one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
