@@ -21,8 +21,7 @@ def l2_norm(x: np.ndarray) -> float:
     """The L2 norm of `x`, as a float: one BLAS dot in the array's own precision (relative error about 1e-7); when
     that overflows or comes near underflow, the norm of `x / max|x|` times `max|x|` instead. NaN or inf give nan or inf."""
     flat = x.reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # detected below, and handled
-        squares = float(np.dot(flat, flat))
+    squares = float(np.vdot(flat, flat))   # np.vdot raises no floating-point warnings: an overflow is detected below
     if math.isfinite(squares) and squares > 1e-30 or flat.size == 0:
         return math.sqrt(squares)
     scale = float(np.max(np.abs(flat)))

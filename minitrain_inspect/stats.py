@@ -356,6 +356,9 @@ def moment_kernels():
     return one_pass, deviations
 
 # %% ../nbs/08_stats.ipynb #56b96106
+_ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
+
+
 def one_pass_moments(x) -> TensorMoments:
     """`fast_moments`'s summary in one compiled pass over a float32 array (two when the mean sits far from zero), with
     float64 sums and exact extremes. Without numba, or for any other input, it is `fast_moments(x)`."""
@@ -370,7 +373,9 @@ def one_pass_moments(x) -> TensorMoments:
     n = flat.size
     mean = min(max(total / n, lo), hi)
     offset = n * mean * mean
-    m2 = squares - offset if offset <= 0.5 * squares else kernels[1](flat, mean)   # c > 1/2: about the mean
+    m2 = squares - offset
+    if not m2 * _ONE_PASS_DEPTH >= squares * n:   # the rounding of S2 could pass 2**-30 of M2: about the mean
+        m2 = kernels[1](flat, mean)
     return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
 
 # %% ../nbs/08_stats.ipynb #59952dcc
