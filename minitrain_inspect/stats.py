@@ -310,10 +310,14 @@ def _one_pass(values, bits):
     its smallest and largest value (as int32, from `bits`, the same memory read as int32), in one loop."""
     lo, hi = np.int32(2147483647), np.int32(-2147483648)
     total, squares = 0.0, 0.0
+    shift, magnitude = np.int32(31), np.int32(0x7FFFFFFF)
     for i in range(values.size):
         b = bits[i]
-        key = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))   # int order of the keys = float order of the values
-        lo, hi = min(lo, key), max(hi, key)
+        # int order of the keys = float order of the values; every step cast back to int32, or numba widens to int64
+        # and the minimum and maximum no longer vectorise
+        key = np.int32(b ^ np.int32(np.int32(b >> shift) & magnitude))
+        lo = np.int32(min(lo, key))
+        hi = np.int32(max(hi, key))
         v = np.float64(values[i])
         total += v
         squares += v * v
