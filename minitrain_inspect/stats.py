@@ -363,24 +363,30 @@ def moment_kernels():
 _ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
 
 
-def one_pass_moments(x) -> TensorMoments:
-    """`fast_moments`'s summary in one compiled pass over a float32 array (two when the mean sits far from zero), with
-    float64 sums and exact extremes. Without numba, or for any other input, it is `fast_moments(x)`."""
+def _one_pass_summary(x) -> tuple[int, float, float, float, float] | None:
+    """`(n, mean, m2, min, max)` of a contiguous, writeable float32 array of at least two finite values, by the compiled
+    kernels; None when numba is missing, for any other input, or when `x` holds NaN or inf."""
     kernels = moment_kernels()
     if kernels is None or not (type(x) is np.ndarray and x.dtype == np.float32 and x.size > 1
                                and x.flags.c_contiguous and x.flags.writeable):
-        return fast_moments(x)
+        return None
     flat = x.reshape(-1)
     total, squares, lo, hi = kernels[0](flat, flat.view(np.int32))
     if not math.isfinite(total):                  # NaN or inf: the exact path counts them apart
-        return tensor_moments(x)
+        return None
     n = flat.size
     mean = min(max(total / n, lo), hi)
-    offset = n * mean * mean
-    m2 = squares - offset
+    m2 = squares - n * mean * mean
     if not m2 * _ONE_PASS_DEPTH >= squares * n:   # the rounding of S2 could pass 2**-30 of M2: about the mean
         m2 = kernels[1](flat, mean)
-    return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
+    return n, mean, max(m2, 0.0), lo, hi
+
+
+def one_pass_moments(x) -> TensorMoments:
+    """`fast_moments`'s summary in one compiled pass over a float32 array (two when the mean sits far from zero), with
+    float64 sums and exact extremes. Without numba, or for any other input, it is `fast_moments(x)`."""
+    summary = _one_pass_summary(x)
+    return fast_moments(x) if summary is None else TensorMoments(*summary)
 
 # %% ../nbs/08_stats.ipynb #59952dcc
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
@@ -447,39 +453,52 @@ def _store(state: dict, tm: TensorMoments) -> None:
      state["m2_exp"]) = tm
 
 
-def _fold_plain(state: dict, tm: TensorMoments) -> bool:
+def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float, b_max: float) -> bool:
     """`merge_moments` in the usual case, written into `state` in place (the Inspector does this some twenty times a
-    step): both sides hold finite values, none non-finite, and every term stays in float64's plain range. Returns
-    False, changing nothing, in any other case."""
-    a_n, b_n = state["n"], tm.n
-    if not (a_n and b_n) or tm.nonfinite or state["m2_exp"] or tm.m2_exp:
+    step): the state and the new summary (`b_n` finite values, none non-finite, M2 `b_m2` with no exponent) both hold
+    values, and every term stays in float64's plain range. Returns False, changing nothing, in any other case."""
+    a_n = state["n"]
+    if not (a_n and b_n) or state["m2_exp"]:
         return False
-    n, delta = a_n + b_n, tm.mean - state["mean"]
-    m2 = state["m2"] + tm.m2 + delta * delta * (a_n * b_n / n)
+    n, delta = a_n + b_n, b_mean - state["mean"]
+    m2 = state["m2"] + b_m2 + delta * delta * (a_n * b_n / n)
     if not ((delta == 0.0 or _SAFE_MEAN[0] <= abs(delta) <= _SAFE_MEAN[1]) and (m2 == 0.0 or _PLAIN[0] <= m2 <= _PLAIN[1])):
         return False
     state["n"], state["mean"], state["m2"] = n, state["mean"] + delta * (b_n / n), m2
-    if tm.min < state["min"]:
-        state["min"] = tm.min
-    if tm.max > state["max"]:
-        state["max"] = tm.max
+    if b_min < state["min"]:
+        state["min"] = b_min
+    if b_max > state["max"]:
+        state["max"] = b_max
     return True
+
+
+def _count_norm(state: dict, l2: float) -> None:
+    "One more tensor with a norm: the latest norm, and the running mean of the norms."
+    state["tensors"] += 1
+    state["l2"] = l2
+    state["l2_tensors"] += 1
+    state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
 
 
 def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
     `fast=True` measures `x` with `one_pass_moments` (the Inspector's hot path)."""
     _complete(state)
-    tm = one_pass_moments(x) if fast else tensor_moments(x, scratch)
+    summary = _one_pass_summary(x) if fast else None
+    if summary is not None and _fold_plain(state, *summary):   # the usual case, with no detour
+        n, mean, m2, _, _ = summary
+        _count_norm(state, math.sqrt(m2 + n * mean * mean))   # = TensorMoments.l2 (float32 data: mean in range)
+        return TensorMoments(*summary)
+    tm = (fast_moments(x) if summary is None else TensorMoments(*summary)) if fast else tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
-    if not _fold_plain(state, tm):
+    if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
         _store(state, merge_moments(_moments_of(state), tm))
-    state["tensors"] += 1
-    state["l2"] = l2 = tm.l2
     if tm.n:  # a tensor with no finite value has no norm (nan); it does not pull the running mean to 0
-        state["l2_tensors"] += 1
-        state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
+        _count_norm(state, tm.l2)
+    else:
+        state["tensors"] += 1
+        state["l2"] = math.nan
     return tm
 
 
