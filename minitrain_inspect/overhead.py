@@ -24,7 +24,7 @@ import numpy as np
 from .data import MAX_PAST_LEN, N_SYMBOLS, iterate_batches
 from .inspect import EVERY_STEP, PANELS, Inspector
 from .panels import ACTIVATION_RANGES, SATURATION
-from .stats import atomic_write_text, check_output_path, to_jsonable
+from .stats import atomic_write_text, check_output_path, optional_numba, to_jsonable
 from .train import (OUTPUT_FEATURES, TrainConfig, build_run, params_sha256, run_data, run_to_end,
                                      training_steps)
 from .train import blas_threads as limit_blas_threads
@@ -36,8 +36,8 @@ __all__ = ['VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS',
            'SCALING_VARIANTS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
            'with_torch_dropout', 'torch_training_step', 'TorchWatcher', 'FastaiHooks', 'torch_moments',
            'torch_unit_health', 'TorchSpectralNorm', 'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes',
-           'read_seconds', 'measure', 'run_benchmark', 'blas_description', 'machine_description', 'results_markdown',
-           'write_results', 'add_overhead_arguments', 'overhead_command']
+           'read_seconds', 'measure', 'run_benchmark', 'kernels_description', 'blas_description', 'machine_description',
+           'results_markdown', 'write_results', 'add_overhead_arguments', 'overhead_command']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -570,7 +570,8 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
             measured = None if point == config else measure(point, data, SCALING_VARIANTS, width_repeats, block, bar)
             scaling[axis][str(value)] = _scaling_point(main, measured)
     return _summarise(main, scaling, dict(steps=steps, repeats=repeats, scaling_repeats=width_repeats, seed=seed,
-                                          blas_threads=blas_threads, blas=blas, against=against, load=(
+                                          blas_threads=blas_threads, blas=blas, kernels=kernels_description(),
+                                          against=against, load=(
                                               load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan)))
 
 # %% ../nbs/13_overhead.ipynb #9d081a09
@@ -619,6 +620,14 @@ def _spread_warnings(spread: dict, scaling: dict) -> list[str]:
                           if row[f"spread_{v}"]["points"] > SPREAD_WARNING_POINTS]
     return [f"spread over repeats above {SPREAD_WARNING_POINTS:g} percentage points: " + ", ".join(noisy) +
             " (a busy machine: read those figures as rough)"] if noisy else []
+
+
+def kernels_description() -> str:
+    "Which code measures the statistics: numba's compiled one-pass kernels (the extra `fast`), or NumPy's passes."
+    numba = optional_numba()
+    if numba is None:
+        return 'NumPy, four passes per tensor (numba not installed: pip install "minitrain-inspect[fast]")'
+    return f"numba {numba.__version__}, one compiled pass per tensor"
 
 
 def blas_description() -> str:
@@ -712,7 +721,7 @@ def results_markdown(bench: dict) -> str:
              f"(t_variant - t_baseline) / t_baseline, with the lowest and highest repeat. PyTorch runs the twin of "
              f"the same model with its own nn.Dropout (each framework draws its own masks).", "",
              f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl: {bench['blas']}"
-             f"{torch_threads}).", "",
+             f"{torch_threads}). **Statistics:** {bench.get('kernels', 'not recorded')}.", "",
              "| configuration | median ms/step | overhead | spread over repeats |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {ms[v]:.3f} | {'—' if v == 'baseline' else _pct(spread[v]['median'])} | "
               f"{_spread_text(spread.get(v))} |" for name, v in ROWS if v in ms]
