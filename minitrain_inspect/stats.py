@@ -363,9 +363,10 @@ def moment_kernels():
 _ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
 
 
-def _one_pass_summary(x) -> tuple[int, float, float, float, float] | None:
+def _one_pass_summary(x) -> tuple[int, float, float, float, float] | bool | None:
     """`(n, mean, m2, min, max)` of a contiguous, writeable float32 array of at least two finite values, by the compiled
-    kernels; None when numba is missing, for any other input, or when `x` holds NaN or inf."""
+    kernels; False when such an array holds NaN or inf (the exact path counts them), None when numba is missing or
+    for any other input."""
     kernels = moment_kernels()
     if kernels is None or not (type(x) is np.ndarray and x.dtype == np.float32 and x.size > 1
                                and x.flags.c_contiguous and x.flags.writeable):
@@ -373,7 +374,7 @@ def _one_pass_summary(x) -> tuple[int, float, float, float, float] | None:
     flat = x.reshape(-1)
     total, squares, lo, hi = kernels[0](flat, flat.view(np.int32))
     if not math.isfinite(total):                  # NaN or inf: the exact path counts them apart
-        return None
+        return False
     n = flat.size
     mean = min(max(total / n, lo), hi)
     m2 = squares - n * mean * mean
@@ -386,7 +387,9 @@ def one_pass_moments(x) -> TensorMoments:
     """`fast_moments`'s summary in one compiled pass over a float32 array (two when the mean sits far from zero), with
     float64 sums and exact extremes. Without numba, or for any other input, it is `fast_moments(x)`."""
     summary = _one_pass_summary(x)
-    return fast_moments(x) if summary is None else TensorMoments(*summary)
+    if not summary:
+        return fast_moments(x) if summary is None else tensor_moments(x)
+    return TensorMoments(*summary)
 
 # %% ../nbs/08_stats.ipynb #59952dcc
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
@@ -485,11 +488,16 @@ def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: b
     `fast=True` measures `x` with `one_pass_moments` (the Inspector's hot path)."""
     _complete(state)
     summary = _one_pass_summary(x) if fast else None
-    if summary is not None and _fold_plain(state, *summary):   # the usual case, with no detour
+    if summary and _fold_plain(state, *summary):   # the usual case, with no detour
         n, mean, m2, _, _ = summary
         _count_norm(state, math.sqrt(m2 + n * mean * mean))   # = TensorMoments.l2 (float32 data: mean in range)
         return TensorMoments(*summary)
-    tm = (fast_moments(x) if summary is None else TensorMoments(*summary)) if fast else tensor_moments(x, scratch)
+    if summary:                      # a first tensor, or a fold beyond the plain range
+        tm = TensorMoments(*summary)
+    elif summary is None and fast:   # not a contiguous float32 array, or no numba: the NumPy fast path
+        tm = fast_moments(x)
+    else:                            # the exact path (also for NaN and inf, which it counts apart)
+        tm = tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
     if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
