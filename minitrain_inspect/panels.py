@@ -15,7 +15,7 @@ import numpy as np
 import functools
 
 from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
-                                    optional_numba, to_jsonable)
+                                    optional_numba, sigint_deferred, to_jsonable)
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
@@ -586,8 +586,9 @@ def unit_kernel():
     numba = optional_numba()
     if numba is None:
         return None
-    kernel = numba.njit(boundscheck=False, cache=False)(_unit_pass)
-    kernel(np.ones((2, 2), np.float32), True, np.float32(SATURATION), np.float32(0.0), np.float32(1.0), 2)  # compile now
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
+        kernel = numba.njit(boundscheck=False, cache=False)(_unit_pass)
+        kernel(np.ones((2, 2), np.float32), True, np.float32(SATURATION), np.float32(0.0), np.float32(1.0), 2)  # now
     return kernel
 
 # %% ../nbs/09_panels.ipynb #5cdd9482

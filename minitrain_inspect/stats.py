@@ -24,9 +24,9 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
-           'sum_of_squares', 'fast_moments', 'optional_numba', 'moment_kernels', 'one_pass_moments', 'merge_moments',
-           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
-           'atomic_write_text', 'sigint_deferred', 'replace_folder']
+           'sum_of_squares', 'fast_moments', 'sigint_deferred', 'optional_numba', 'moment_kernels', 'one_pass_moments',
+           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
+           'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -304,6 +304,22 @@ def fast_moments(x) -> TensorMoments:
     return TensorMoments(n, min(max(mean, lo), hi), m2, lo, hi)
     ### END SOLUTION
 
+# %% ../nbs/08_stats.ipynb #69c2f2b9
+@contextlib.contextmanager
+def sigint_deferred():
+    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
 # %% ../nbs/08_stats.ipynb #4fd8c3e8
 def _one_pass(values, bits):
     """Compiled by `moment_kernels`: the float64 sums of `values` (1-D float32) and of their squares, and the bits of
@@ -340,7 +356,8 @@ def _squared_deviations(values, centre):
 def optional_numba():
     "The numba module (imported once, on first use), or None when it is not installed (the extra `fast`)."
     try:
-        import numba
+        with sigint_deferred():   # (see `moment_kernels`)
+            import numba
     except ImportError:
         return None
     return numba
@@ -353,10 +370,13 @@ def moment_kernels():
     numba = optional_numba()
     if numba is None:
         return None
-    jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
-    one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
-    probe = np.arange(4, dtype=np.float32)               # compile now, not inside the first measured step
-    one_pass(probe, probe.view(np.int32)), deviations(probe, 1.5)
+    # A Ctrl-C that lands inside LLVM's compiler is raised in a ctypes callback, which drops it ("Exception ignored"):
+    # the compilation holds it (`sigint_deferred`, above) and raises it when done.
+    with sigint_deferred():
+        jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
+        one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
+        probe = np.arange(4, dtype=np.float32)           # compile now, not inside the first measured step
+        one_pass(probe, probe.view(np.int32)), deviations(probe, 1.5)
     return one_pass, deviations
 
 # %% ../nbs/08_stats.ipynb #56b96106
@@ -634,22 +654,6 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
         with open(tmp, "w", encoding=encoding, newline="") as f:
             f.write(text)
     return Path(path)
-
-# %% ../nbs/08_stats.ipynb #69c2f2b9
-@contextlib.contextmanager
-def sigint_deferred():
-    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
-    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
 
 # %% ../nbs/08_stats.ipynb #46ab5314
 def replace_folder(staging, out) -> Path:

@@ -2,6 +2,8 @@
 moments on any float32 array, the unit summary bit for bit, and a whole Inspector run with and without them. Skipped
 when numba is not installed (the NumPy paths are then the only ones, and the other tests cover them)."""
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -77,3 +79,18 @@ def test_a_run_with_and_without_the_kernels(monkeypatch):
     for name in sa:
         assert (sa[name]["n"], sa[name]["min"], sa[name]["max"]) == (sb[name]["n"], sb[name]["min"], sb[name]["max"])
         assert math.isclose(sa[name]["std"], sb[name]["std"], rel_tol=2e-6), name
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.35, 0.6, 0.85, 1.1, 1.4])
+def test_ctrl_c_while_the_kernels_compile_is_never_lost(delay):
+    # LLVM's compiler calls back into Python through ctypes, which drops a KeyboardInterrupt raised there; the kernels
+    # are compiled with SIGINT held, so a Ctrl-C at any moment of the import and compilation still interrupts.
+    script = ("import os, signal, sys, threading, time\n"
+              f"threading.Timer({delay}, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+              "try:\n"
+              "    from minitrain_inspect import panels, stats\n"
+              "    stats.moment_kernels(); panels.unit_kernel(); time.sleep(5)\n"
+              "except KeyboardInterrupt:\n"
+              "    sys.exit(7)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7, (r.returncode, r.stderr[-500:])
