@@ -5,6 +5,7 @@
 # %% ../nbs/09_panels.ipynb #19b5ab77
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -12,10 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-import functools
-
 from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
-                                    optional_numba, sigint_deferred, to_jsonable)
+                                    kernel_input, optional_numba, sigint_deferred, to_jsonable)
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
@@ -597,14 +596,13 @@ def unit_summary(output, kind: str, bins: int = 40, extremes: tuple[float, float
     call for a contiguous float32 array when numba is installed; `extremes` (see `fixed_histogram`) serve the other way."""
     lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
     kernel = unit_kernel()
-    a = output
-    if (kernel is None or not (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim and a.size
-                               and a.flags.c_contiguous and a.flags.writeable)):
+    if kernel is None or not (kernel_input(output) and output.ndim and output.size):
         return unit_health(output, kind), fixed_histogram(output, lo, hi, bins, extremes)
     bins = check_int(bins, "bins", minimum=1)
     stuck, valid, stuck_units, valid_units, below, above, counts = kernel(
-        a.reshape(-1, a.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo), np.float32(bins / (hi - lo)), bins)
+        output.reshape(-1, output.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo),
+        np.float32(bins / (hi - lo)), bins)
     if valid == 0:
-        return UnitHealth(math.nan, math.nan), Histogram(np.full(bins, np.nan), math.nan, math.nan, a.size)
+        return UnitHealth(math.nan, math.nan), Histogram(np.full(bins, np.nan), math.nan, math.nan, output.size)
     return (UnitHealth(stuck_units / valid_units, stuck / valid),
-            Histogram(counts / valid, below / valid, above / valid, a.size - valid))
+            Histogram(counts / valid, below / valid, above / valid, output.size - valid))

@@ -24,9 +24,9 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
-           'sum_of_squares', 'fast_moments', 'sigint_deferred', 'optional_numba', 'moment_kernels', 'one_pass_moments',
-           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
-           'atomic_output', 'atomic_write_text', 'replace_folder']
+           'sum_of_squares', 'fast_moments', 'sigint_deferred', 'optional_numba', 'moment_kernels', 'kernel_input',
+           'one_pass_moments', 'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize',
+           'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -338,7 +338,7 @@ def _one_pass(values, bits):
         total += v
         squares += v * v
     extremes = np.empty(2, np.int32)
-    extremes[0], extremes[1] = lo ^ ((lo >> 31) & np.int32(0x7FFFFFFF)), hi ^ ((hi >> 31) & np.int32(0x7FFFFFFF))
+    extremes[0], extremes[1] = lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)
     lowest, highest = extremes.view(np.float32)          # the key map is its own inverse: back to the floats' bits
     return total, squares, np.float64(lowest), np.float64(highest)
 
@@ -383,13 +383,18 @@ def moment_kernels():
 _ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
 
 
+def kernel_input(x) -> bool:
+    """True for the arrays the compiled kernels take as they are: contiguous, writeable float32 NumPy arrays (numba
+    compiles once per kind of array; any other kind would cost a compilation inside a measured step)."""
+    return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
+
+
 def _one_pass_summary(x) -> tuple[int, float, float, float, float] | bool | None:
     """`(n, mean, m2, min, max)` of a contiguous, writeable float32 array of at least two finite values, by the compiled
     kernels; False when such an array holds NaN or inf (the exact path counts them), None when numba is missing or
     for any other input."""
     kernels = moment_kernels()
-    if kernels is None or not (type(x) is np.ndarray and x.dtype == np.float32 and x.size > 1
-                               and x.flags.c_contiguous and x.flags.writeable):
+    if kernels is None or not (kernel_input(x) and x.size > 1):
         return None
     flat = x.reshape(-1)
     total, squares, lo, hi = kernels[0](flat, flat.view(np.int32))
@@ -495,38 +500,20 @@ def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float,
     return True
 
 
-def _count_norm(state: dict, l2: float) -> None:
-    "One more tensor with a norm: the latest norm, and the running mean of the norms."
-    state["tensors"] += 1
-    state["l2"] = l2
-    state["l2_tensors"] += 1
-    state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
-
-
 def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
     `fast=True` measures `x` with `one_pass_moments` (the Inspector's hot path)."""
     _complete(state)
-    summary = _one_pass_summary(x) if fast else None
-    if summary and _fold_plain(state, *summary):   # the usual case, with no detour
-        n, mean, m2, _, _ = summary
-        _count_norm(state, math.sqrt(m2 + n * mean * mean))   # = TensorMoments.l2 (float32 data: mean in range)
-        return TensorMoments(*summary)
-    if summary:                      # a first tensor, or a fold beyond the plain range
-        tm = TensorMoments(*summary)
-    elif summary is None and fast:   # not a contiguous float32 array, or no numba: the NumPy fast path
-        tm = fast_moments(x)
-    else:                            # the exact path (also for NaN and inf, which it counts apart)
-        tm = tensor_moments(x, scratch)
+    tm = one_pass_moments(x) if fast else tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
     if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
-        _store(state, merge_moments(_moments_of(state), tm))
+        _store(state, merge_moments(_moments_of(state), tm))   # anything but the usual case
+    state["tensors"] += 1
+    state["l2"] = l2 = tm.l2
     if tm.n:  # a tensor with no finite value has no norm (nan); it does not pull the running mean to 0
-        _count_norm(state, tm.l2)
-    else:
-        state["tensors"] += 1
-        state["l2"] = math.nan
+        state["l2_tensors"] += 1
+        state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
     return tm
 
 
