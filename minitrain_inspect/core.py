@@ -5,13 +5,17 @@
 # %% ../nbs/00_core.ipynb #97a638e0
 from __future__ import annotations
 
+import contextlib
+import functools
+import signal
+import threading
 from typing import Callable, Iterator
 
 import numpy as np
 
 # %% auto #0
 __all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'method_of', 'Module',
-           'Sequential']
+           'Sequential', 'sigint_deferred', 'optional_numba', 'kernel_input']
 
 # %% ../nbs/00_core.ipynb #315665ba
 def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = Exception, contains: str | None = None) -> BaseException:
@@ -366,3 +370,36 @@ class Sequential(Module):
             grad_output = layer.run_backward(grad_output)
         return grad_output
         ### END SOLUTION
+
+# %% ../nbs/00_core.ipynb #fd6ae8c7
+@contextlib.contextmanager
+def sigint_deferred():
+    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+# %% ../nbs/00_core.ipynb #1bf380fc
+@functools.cache
+def optional_numba():
+    "The numba module (imported once, on first use), or None when it is not installed (the extra `fast`)."
+    try:
+        with sigint_deferred():   # a Ctrl-C during the import (LLVM starting up) would otherwise be lost
+            import numba
+    except ImportError:
+        return None
+    return numba
+
+
+def kernel_input(x) -> bool:
+    """True for the arrays the compiled kernels take as they are: contiguous, writeable float32 NumPy arrays (numba
+    compiles once per kind of array; any other kind would cost a compilation inside a measured step)."""
+    return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable

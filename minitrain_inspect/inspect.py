@@ -14,7 +14,7 @@ import numpy as np
 
 from .core import HookHandle, Module, Parameter, method_of
 from .layers import ReLU, Tanh
-from .optim import Optimizer, l2_norm
+from .optim import Optimizer, l2_norm, update_kernel
 from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, unit_kernel, unit_summary
 from .per_class_loss import class_masks
 from .stats import TensorMoments, check_int, moment_kernels, new_state, summarize, welford_update
@@ -233,26 +233,28 @@ class UpdatePanel(Panel):
     def __init__(self, schedule, clock: Callable[[], float] = time.perf_counter):
         super().__init__(schedule, clock)
         self._before: dict[str, np.ndarray] = {}   # copies of the weights (for optimisers that do not report)
-        self._norms: dict[str, float] = {}         # ‖w‖ before the step
-        self.reported: bool | None = None          # does the optimiser report ‖Δw‖? (learnt at the first step)
+        self._norms: dict[str, float] = {}         # ‖w‖ before the step (for optimisers that do not report)
+        self._pending = False                      # True between `before` and `after`
+        self.reported: bool | None = None          # does the optimiser report its norms? (learnt at the first step)
 
     def before(self, params, optimizer=None) -> None:
-        "Just before the optimiser step: the norm of every `(name, Parameter)`, and what `after` needs to see Δw."
+        "Just before the optimiser step: ask the optimiser for its norms; unless it is known to report, take ‖w‖ and copy w."
         start = self.clock()
         if optimizer is not None and self.reported is not False:
-            optimizer.update_norms = {}            # ask the optimiser for each update's norm (see `03_optim`)
-        for name, p in params:
-            self._norms[name] = l2_norm(p.data)
-            if self.reported is not True:          # copy the weights, in buffers allocated once
-                buffer = self._before.get(name)
+            optimizer.update_norms = {}            # ask the optimiser for (‖Δw‖, ‖w‖) of each update (see `03_optim`)
+        if self.reported is not True:
+            for name, p in params:
+                self._norms[name] = l2_norm(p.data)
+                buffer = self._before.get(name)    # copy the weights, in buffers allocated once
                 if buffer is None or buffer.shape != p.data.shape or buffer.dtype != p.data.dtype:
                     buffer = self._before[name] = np.empty_like(p.data)
                 np.copyto(buffer, p.data)
+        self._pending = True
         self.cost += self.clock() - start
 
     def after(self, history: History, step: int, params, optimizer=None) -> None:
         "Just after the optimiser step: record each parameter's update ratio at `step`."
-        if not self._norms:
+        if not self._pending:
             return
         start = self.clock()
         update_norms = getattr(optimizer, "update_norms", None) or {}
@@ -263,21 +265,21 @@ class UpdatePanel(Panel):
         for name, p in params:
             ### BEGIN SOLUTION
             if self.reported:
-                delta = update_norms[id(p)]
+                delta, w_norm = update_norms[id(p)]
             else:
                 before = self._before[name]
                 np.subtract(p.data, before, out=before)  # the buffer now holds the update
                 delta = l2_norm(before)
-            w_norm = self._norms[name]
+                w_norm = self._norms[name]
             history.record(f"updates/{name}/ratio", step, delta / w_norm if 0 < w_norm < math.inf else math.nan)
             ### END SOLUTION
-        self._norms = {}
+        self._norms, self._pending = {}, False
         self.cost += self.clock() - start
 
     def reset(self) -> None:
         super().reset()
         self._before.clear()
-        self._norms = {}
+        self._norms, self._pending = {}, False
         self.reported = None
 
 # %% ../nbs/10_inspect.ipynb #c5a96f6e
@@ -475,8 +477,9 @@ class Inspector:
         self._enabled = bool(enabled)
         self.exact = bool(exact)
         self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
+        update_kernel()                       # compiled now (with numba), never inside a measured step; it sums in float64
         if not self.exact:
-            moment_kernels(), unit_kernel()   # compile the kernels now (if numba is there): never inside a measured step
+            moment_kernels(), unit_kernel()
         self._attached_by_run = False
         self._labels = None            # (regular, irregular) masks for the next training batch's loss
         self._labelled_step = None     # the last step that was given labels

@@ -11,10 +11,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .core import HookHandle, Parameter
+from .core import HookHandle, Parameter, kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['l2_norm', 'Optimizer', 'SGD', 'Adam']
+__all__ = ['l2_norm', 'update_kernel', 'subtract_update', 'Optimizer', 'SGD', 'Adam']
 
 # %% ../nbs/03_optim.ipynb #10ea58ae
 def l2_norm(x: np.ndarray) -> float:
@@ -31,6 +31,45 @@ def l2_norm(x: np.ndarray) -> float:
     return scale * math.sqrt(float(np.dot(scaled, scaled)))
 
 # %% ../nbs/03_optim.ipynb #2e490f2e
+def _subtract_measuring(data, update):
+    """Compiled by `update_kernel`: `data -= update` for two 1-D float32 arrays of one size, in one loop that also
+    sums, in float64, the squares of `data` before the update and of `update`. Returns (those two sums)."""
+    before, change = 0.0, 0.0
+    for i in range(data.size):
+        w, u = data[i], update[i]
+        data[i] = w - u                    # float32 arithmetic: the same bits as NumPy's `data -= update`
+        w64, u64 = np.float64(w), np.float64(u)
+        before += w64 * w64
+        change += u64 * u64
+    return before, change
+
+
+@functools.cache
+def update_kernel():
+    "`_subtract_measuring` compiled by numba (once per process; additions reordered to vectorise), or None without numba."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
+        kernel = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)(_subtract_measuring)
+        probe = np.ones(4, np.float32)
+        kernel(probe, probe.copy())     # compile now, not inside the first measured step
+    return kernel
+
+
+def subtract_update(data: np.ndarray, update) -> tuple[float, float]:
+    """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`. One compiled pass for float32 arrays
+    of one shape that do not overlap (numba installed), else NumPy and `l2_norm`; the same `data` either way."""
+    kernel = update_kernel()
+    if (kernel is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
+            and not np.may_share_memory(data, update)):
+        before, change = kernel(data.reshape(-1), update.reshape(-1))
+        return math.sqrt(change), math.sqrt(before)
+    norm = l2_norm(data)
+    data -= update
+    return l2_norm(np.asarray(update)), norm
+
+# %% ../nbs/03_optim.ipynb #02078f98
 def _positive(name: str, value) -> float:
     try:
         value = float(value)
@@ -98,7 +137,7 @@ class Optimizer:
                 raise TypeError(f"optimiser parameters must be Parameter objects, got {type(p).__name__}")
         self.lr = _positive("lr", lr)
         self.steps = 0
-        self.update_norms: dict | None = None  # an observer sets {} to receive each update's L2 norm (see apply_update)
+        self.update_norms: dict | None = None  # an observer sets {} to receive each update's norms (see apply_update)
         self._step_pre_hooks: dict = {}
         self._step_post_hooks: dict = {}
 
@@ -120,10 +159,12 @@ class Optimizer:
         return HookHandle(self, hook_fn, "step_post")
 
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
-        "`param.data -= update`, in place; while `self.update_norms` is a dict, also record `l2_norm(update)` there under `id(param)`."
-        param.data -= update
-        if self.update_norms is not None:
-            self.update_norms[id(param)] = l2_norm(update)
+        """`param.data -= update`, in place; while `self.update_norms` is a dict, also record there, under `id(param)`,
+        the pair `(‖update‖, ‖param.data‖ before the update)` (from `subtract_update`: the same subtraction)."""
+        if self.update_norms is None:
+            param.data -= update
+        else:
+            self.update_norms[id(param)] = subtract_update(param.data, update)
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):

@@ -550,33 +550,45 @@ def _unit_pass(a, relu, saturation, lo, scale, bins):
     non-NaN outputs, stuck units and units with any non-NaN output; of positions below and above [0, bins]; and the
     bins' counts (an int64 array), the positions being `(a - lo) * scale` in float32."""
     rows, cols = a.shape
-    stuck_column, valid_column = np.ones(cols, np.uint8), np.zeros(cols, np.uint8)
-    stuck, valid = 0, 0
-    for i in range(rows):
+    stuck_column, valid_column = np.zeros(cols, np.int32), np.zeros(cols, np.int32)
+    for i in range(rows):             # per-column counters: the inner loop vectorises
         for j in range(cols):
             v = a[i, j]
-            ok = v == v                                               # NaN is never stuck, and never counted
-            s = (v <= 0) if relu else (abs(v) > saturation)
-            stuck += s
-            valid += ok
-            stuck_column[j] &= s | (not ok)
-            valid_column[j] |= ok
-    stuck_units, valid_units = 0, 0
+            stuck_column[j] += np.int32((v <= 0) if relu else (abs(v) > saturation))   # NaN is never stuck...
+            valid_column[j] += np.int32(v == v)                                          # ... nor counted
+    stuck, valid, stuck_units, valid_units = 0, 0, 0, 0
     for j in range(cols):
-        valid_units += valid_column[j]
-        stuck_units += stuck_column[j] & valid_column[j]
-    counts, top = np.zeros(bins, np.int64), np.float32(bins)
-    below, above = 0, 0
-    for i in range(rows):
-        for j in range(cols):
-            position = (a[i, j] - lo) * scale
-            if position >= 0 and position <= top:                    # the top edge goes into the last bin
-                counts[min(int(position), bins - 1)] += 1
-            elif position < 0:
-                below += 1
-            elif position > top:                                      # (NaN is neither)
-                above += 1
-    return stuck, valid, stuck_units, valid_units, below, above, counts
+        stuck += stuck_column[j]
+        valid += valid_column[j]
+        valid_units += valid_column[j] > 0
+        stuck_units += (valid_column[j] > 0) & (stuck_column[j] == valid_column[j])
+    # Each value's code, without branches (so this loop vectorises too): its bin, or bins (below), bins + 1 (above),
+    # bins + 2 (NaN). The top edge goes into the last bin.
+    flat = a.reshape(-1)
+    codes = np.empty(flat.size, np.uint16)              # bins <= 10,000 (the Inspector's limit) fit in 16 bits
+    top, last, zero = np.float32(bins), np.float32(bins - 1), np.float32(0)
+    for i in range(flat.size):
+        position = (flat[i] - lo) * scale
+        inside = (position >= zero) & (position <= top)
+        k = np.int32(min(position if inside else zero, last))
+        codes[i] = k if inside else (bins if position < zero else (bins + 1 if position > top else bins + 2))
+    # Counting: eight partial histograms, so that a run of equal codes (a ReLU layer's zeros) does not wait on one
+    # counter's last increment.
+    partial = np.zeros((8, bins + 3), np.int64)
+    whole = flat.size - flat.size % 8
+    for i in range(0, whole, 8):
+        for w in range(8):
+            partial[w, codes[i + w]] += 1
+    for i in range(whole, flat.size):
+        partial[0, codes[i]] += 1
+    counts = np.zeros(bins + 3, np.int64)
+    for w in range(8):
+        for b in range(bins + 3):
+            counts[b] += partial[w, b]
+    return stuck, valid, stuck_units, valid_units, counts[bins], counts[bins + 1], counts[:bins].copy()
+
+
+_MAX_KERNEL_BINS = 2**16 - 3   # the kernel's codes are uint16: the bins, then below, above and NaN
 
 
 @functools.cache
@@ -596,9 +608,9 @@ def unit_summary(output, kind: str, bins: int = 40, extremes: tuple[float, float
     call for a contiguous float32 array when numba is installed; `extremes` (see `fixed_histogram`) serve the other way."""
     lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
     kernel = unit_kernel()
-    if kernel is None or not (kernel_input(output) and output.ndim and output.size):
-        return unit_health(output, kind), fixed_histogram(output, lo, hi, bins, extremes)
     bins = check_int(bins, "bins", minimum=1)
+    if kernel is None or not (kernel_input(output) and output.ndim and output.size and bins <= _MAX_KERNEL_BINS):
+        return unit_health(output, kind), fixed_histogram(output, lo, hi, bins, extremes)
     stuck, valid, stuck_units, valid_units, below, above, counts = kernel(
         output.reshape(-1, output.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo),
         np.float32(bins / (hi - lo)), bins)

@@ -12,21 +12,21 @@ import operator
 import os
 import secrets
 import shutil
-import signal
 import stat
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from .core import kernel_input, optional_numba, sigint_deferred
+
 # %% auto #0
 __all__ = ['FLOAT64_MAX', 'check_int', 'float64_sum', 'has_nan', 'all_finite', 'TensorMoments', 'tensor_moments', 'blas_sum',
-           'sum_of_squares', 'fast_moments', 'sigint_deferred', 'optional_numba', 'moment_kernels', 'kernel_input',
-           'one_pass_moments', 'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize',
-           'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
+           'sum_of_squares', 'fast_moments', 'moment_kernels', 'one_pass_moments', 'merge_moments', 'new_state',
+           'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
+           'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -304,22 +304,6 @@ def fast_moments(x) -> TensorMoments:
     return TensorMoments(n, min(max(mean, lo), hi), m2, lo, hi)
     ### END SOLUTION
 
-# %% ../nbs/08_stats.ipynb #69c2f2b9
-@contextlib.contextmanager
-def sigint_deferred():
-    "Hold Ctrl-C (SIGINT) until the block ends, then raise `KeyboardInterrupt`: the block is never cut in half."
-    if threading.current_thread() is not threading.main_thread():   # only the main thread may handle signals
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
 # %% ../nbs/08_stats.ipynb #4fd8c3e8
 def _one_pass(values, bits):
     """Compiled by `moment_kernels`: the float64 sums of `values` (1-D float32) and of their squares, and the bits of
@@ -353,17 +337,6 @@ def _squared_deviations(values, centre):
 
 
 @functools.cache
-def optional_numba():
-    "The numba module (imported once, on first use), or None when it is not installed (the extra `fast`)."
-    try:
-        with sigint_deferred():   # (see `moment_kernels`)
-            import numba
-    except ImportError:
-        return None
-    return numba
-
-
-@functools.cache
 def moment_kernels():
     """`(one_pass, squared_deviations)` compiled by numba (once per process), or None when numba is not installed.
     Additions may be reordered (to vectorise); NaN and inf keep their meaning."""
@@ -371,7 +344,7 @@ def moment_kernels():
     if numba is None:
         return None
     # A Ctrl-C that lands inside LLVM's compiler is raised in a ctypes callback, which drops it ("Exception ignored"):
-    # the compilation holds it (`sigint_deferred`, above) and raises it when done.
+    # the compilation holds it (`sigint_deferred`, from `00_core`) and raises it when done.
     with sigint_deferred():
         jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
         one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
@@ -381,12 +354,6 @@ def moment_kernels():
 
 # %% ../nbs/08_stats.ipynb #56b96106
 _ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
-
-
-def kernel_input(x) -> bool:
-    """True for the arrays the compiled kernels take as they are: contiguous, writeable float32 NumPy arrays (numba
-    compiles once per kind of array; any other kind would cost a compilation inside a measured step)."""
-    return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
 
 
 def _one_pass_summary(x) -> tuple[int, float, float, float, float] | bool | None:
