@@ -336,43 +336,65 @@ def _squared_deviations(values, centre):
     return total
 
 
+_ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
+
+
+def _summary_around(one_pass, deviations):
+    "The compiled summary's body, around the two compiled loops (numba compiles it with their compiled versions)."
+    def summary(x):
+        flat = x.reshape(-1)
+        n = flat.size
+        if n < 2:
+            return n, 0.0, 0.0, 0.0, 0.0, 0
+        total, squares, lo, hi = one_pass(flat, flat.view(np.int32))
+        if not np.isfinite(total):                     # NaN or inf: the exact path counts them apart
+            return -1, 0.0, 0.0, 0.0, 0.0, 1
+        mean = min(max(total / n, lo), hi)
+        m2 = squares - n * mean * mean
+        if m2 * _ONE_PASS_DEPTH >= squares * n:
+            return n, mean, max(m2, 0.0), lo, hi, 1
+        # the rounding of S2 could pass 2**-30 of M2: sum the squared deviations about the mean instead
+        return n, mean, max(deviations(flat, mean), 0.0), lo, hi, 2
+    return summary
+
+
 @functools.cache
 def moment_kernels():
-    """`(one_pass, squared_deviations)` compiled by numba (once per process), or None when numba is not installed.
-    Additions may be reordered (to vectorise); NaN and inf keep their meaning."""
+    """`summary(x) -> (n, mean, m2, min, max, passes)`, compiled by numba (once per process) for contiguous, writeable
+    float32 arrays of one or two dimensions, or None when numba is not installed. `n` is -1 when `x` holds NaN or inf,
+    and `x.size` when that is below 2. Other arrays raise TypeError: numba compiles nothing else on the fly."""
     numba = optional_numba()
     if numba is None:
         return None
     # A Ctrl-C that lands inside LLVM's compiler is raised in a ctypes callback, which drops it ("Exception ignored"):
     # the compilation holds it (`sigint_deferred`, from `00_core`) and raises it when done.
     with sigint_deferred():
-        jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
-        one_pass, deviations = jit(_one_pass), jit(_squared_deviations)
-        probe = np.arange(4, dtype=np.float32)           # compile now, not inside the first measured step
-        one_pass(probe, probe.view(np.int32)), deviations(probe, 1.5)
-    return one_pass, deviations
+        loop = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
+        body = _summary_around(loop(_one_pass), loop(_squared_deviations))
+        t = numba.types
+        result = t.Tuple((t.int64, t.float64, t.float64, t.float64, t.float64, t.int64))
+        # Compiled now, for exactly these kinds of array, never inside a measured step; the scalar arithmetic around
+        # the loops keeps IEEE rules (no fastmath).
+        summary = numba.njit([result(t.Array(t.float32, ndim, "C")) for ndim in (1, 2)], cache=False)(body)
+    return summary
 
 # %% ../nbs/08_stats.ipynb #56b96106
-_ONE_PASS_DEPTH = 2.0 ** 23   # one pass while n S2 / M2 <= 2**23: M2 off by at most 2**-30 of itself
-
-
 def _one_pass_summary(x) -> tuple[int, float, float, float, float] | bool | None:
     """`(n, mean, m2, min, max)` of a contiguous, writeable float32 array of at least two finite values, by the compiled
-    kernels; False when such an array holds NaN or inf (the exact path counts them), None when numba is missing or
+    summary; False when such an array holds NaN or inf (the exact path counts them), None when numba is missing or
     for any other input."""
-    kernels = moment_kernels()
-    if kernels is None or not (kernel_input(x) and x.size > 1):
+    kernel = moment_kernels()
+    if kernel is None or type(x) is not np.ndarray or x.dtype != np.float32:
         return None
-    flat = x.reshape(-1)
-    total, squares, lo, hi = kernels[0](flat, flat.view(np.int32))
-    if not math.isfinite(total):                  # NaN or inf: the exact path counts them apart
-        return False
-    n = flat.size
-    mean = min(max(total / n, lo), hi)
-    m2 = squares - n * mean * mean
-    if not m2 * _ONE_PASS_DEPTH >= squares * n:   # the rounding of S2 could pass 2**-30 of M2: about the mean
-        m2 = kernels[1](flat, mean)
-    return n, mean, max(m2, 0.0), lo, hi
+    if x.ndim > 2 and x.flags.c_contiguous:
+        x = x.reshape(-1)
+    try:
+        n, mean, m2, lo, hi, _ = kernel(x)
+    except TypeError:     # strided, read-only or 0-d: no compiled version (the dispatcher's check, cheaper than ours)
+        return None
+    if n < 2:
+        return None if n >= 0 else False
+    return n, mean, m2, lo, hi
 
 
 def one_pass_moments(x) -> TensorMoments:
