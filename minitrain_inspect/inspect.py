@@ -14,7 +14,7 @@ import numpy as np
 
 from .core import HookHandle, Module, Parameter, method_of
 from .layers import ReLU, Tanh
-from .optim import Optimizer, l2_norm, update_kernel
+from .optim import Optimizer, l2_norm, update_kernels
 from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, unit_kernel, unit_summary
 from .per_class_loss import class_masks
 from .stats import TensorMoments, check_int, moment_kernels, new_state, summarize, welford_update
@@ -292,13 +292,27 @@ class SpectralPanel(Panel):
         super().__init__(schedule, clock)
         self._estimators: dict[str, SpectralNorm] = {}
 
-    def measure(self, history: History, step: int, params) -> None:
-        "Record `spectral/NAME/sigma` at `step` for each 2-D `(name, Parameter)`."
+    def probes(self, params) -> dict:
+        "`{id(p): (x, left)}` for each 2-D `(name, Parameter)` whose iteration is under way: vectors to multiply by."
+        lent = {}
+        for name, p in params:
+            estimator = self._estimators.get(name)
+            probe = estimator.probe(p.data) if estimator is not None else None
+            if probe is not None:
+                lent[id(p)] = probe
+        return lent
+
+    def measure(self, history: History, step: int, params, products: dict | None = None) -> None:
+        """Record `spectral/NAME/sigma` at `step` for each 2-D `(name, Parameter)`; `products` (`{id(p): W x}` for the
+        vectors of `probes`, taken by the optimiser while it updated the weights) save each a pass over the weights."""
         start = self.clock()
+        products = products or {}
         for name, p in params:
             if p.data.ndim == 2:
                 estimator = self._estimators.setdefault(name, SpectralNorm())
-                history.record(f"spectral/{name}/sigma", step, estimator.estimate(p.data))
+                product = products.get(id(p))
+                sigma = estimator.estimate(p.data) if product is None else estimator.advance(p.data, product)
+                history.record(f"spectral/{name}/sigma", step, sigma)
         self.cost += self.clock() - start
 
     def reset(self) -> None:
@@ -477,7 +491,7 @@ class Inspector:
         self._enabled = bool(enabled)
         self.exact = bool(exact)
         self._build_panels(schedules, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
-        update_kernel()                       # compiled now (with numba), never inside a measured step; it sums in float64
+        update_kernels()                      # compiled now (with numba), never inside a measured step
         if not self.exact:
             moment_kernels(), unit_kernel()
         self._attached_by_run = False
@@ -485,6 +499,7 @@ class Inspector:
         self._labelled_step = None     # the last step that was given labels
         self._step_ender = None        # without an optimiser: the parameter whose gradient hook ends a step
         self._optimizer_hooked = False # gradients are then measured once per step, just before the update
+        self._hooked_optimizer = None  # ... and this optimiser takes the spectral panel's products (`03_optim`)
         self._grad_params: dict[str, Parameter] = {}    # name -> parameter, registered for gradients
         self._update_params: list[tuple[str, Parameter]] = []   # the parameters the optimiser updates
         self.max_stride = 2**20
@@ -574,12 +589,16 @@ def __set_flags(self: Inspector) -> None:
 def __end_step(self: Inspector) -> None:
     "The step is complete: measure what is measured after it, review the budget, open the next step."
     step, history = self.step, self.history
+    optimizer = self._hooked_optimizer
     if self._enabled:
         updates = self.panels["updates"]
         if updates.active:
             updates.after(history, step, self._update_params, self.optimizer)
-        if self.panels["spectral"].active:
-            self.panels["spectral"].measure(history, step, self.params)
+        if self.panels["spectral"].active:   # with the products the optimiser took, if it was asked and could
+            lent = optimizer is not None and getattr(optimizer, "update_probes", None)
+            self.panels["spectral"].measure(history, step, self.params, optimizer.update_products if lent else None)
+    if optimizer is not None:
+        optimizer.update_probes, optimizer.update_products = None, {}
     if self.guard is not None and self._enabled:
         self.guard.end_step(step, self.panels)
     self._open(step + 1)
@@ -624,6 +643,9 @@ def _remove_all(self: Inspector) -> None:
     self._live.clear()
     self._step_ender = None
     self._optimizer_hooked = False
+    if self._hooked_optimizer is not None:    # nothing left asked of it
+        self._hooked_optimizer.update_probes, self._hooked_optimizer.update_products = None, {}
+    self._hooked_optimizer = None
 
 
 Inspector.__enter__ = lambda self: self
@@ -789,7 +811,14 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
     handles = [self._keep_extra(optimizer.register_step_pre_hook(pre_hook)),
                self._keep_extra(optimizer.register_step_post_hook(post_hook))]
     ### END SOLUTION
-    self._optimizer_hooked = True
+    spectral = self.panels["spectral"]
+
+    def lend_probes(opt, args, kwargs):   # the spectral panel's vectors, for the optimiser to multiply while it updates
+        opt.update_probes = spectral.probes(self.params) if spectral.active and self._enabled else None
+        opt.update_products = {}
+
+    handles.append(self._keep_extra(optimizer.register_step_pre_hook(lend_probes)))
+    self._optimizer_hooked, self._hooked_optimizer = True, optimizer
     return handles
 
 # %% ../nbs/10_inspect.ipynb #ce7aaf99

@@ -14,7 +14,7 @@ import numpy as np
 from .core import HookHandle, Parameter, kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['l2_norm', 'update_kernel', 'subtract_update', 'Optimizer', 'SGD', 'Adam']
+__all__ = ['l2_norm', 'update_kernels', 'subtract_update', 'Optimizer', 'SGD', 'Adam']
 
 # %% ../nbs/03_optim.ipynb #10ea58ae
 def l2_norm(x: np.ndarray) -> float:
@@ -32,44 +32,120 @@ def l2_norm(x: np.ndarray) -> float:
 
 # %% ../nbs/03_optim.ipynb #2e490f2e
 def _subtract_measuring(data, update):
-    """Compiled by `update_kernel`: `data -= update` for two 1-D float32 arrays of one size, in one loop that also
-    sums, in float64, the squares of `data` before the update and of `update`. Returns (those two sums)."""
+    """Compiled by `update_kernels`: `data -= update` for two 1-D float32 arrays of one size, in one loop that also sums
+    the squares of `data` before the update and of `update` (float32 within blocks of 512, float64 across them)."""
+    n = data.size
+    whole = n - n % 512
     before, change = 0.0, 0.0
-    for i in range(data.size):
+    for start in range(0, whole, 512):
+        block_w, block_u = np.float32(0.0), np.float32(0.0)
+        for k in range(512):            # a fixed trip count: LLVM vectorises this loop (a variable one it does not)
+            i = start + k
+            w, u = data[i], update[i]
+            data[i] = w - u              # float32 arithmetic: the same bits as NumPy's `data -= update`
+            block_w += w * w
+            block_u += u * u
+        before += np.float64(block_w)
+        change += np.float64(block_u)
+    block_w, block_u = np.float32(0.0), np.float32(0.0)
+    for i in range(whole, n):
         w, u = data[i], update[i]
-        data[i] = w - u                    # float32 arithmetic: the same bits as NumPy's `data -= update`
-        w64, u64 = np.float64(w), np.float64(u)
-        before += w64 * w64
-        change += u64 * u64
+        data[i] = w - u
+        block_w += w * w
+        block_u += u * u
+    return before + np.float64(block_w), change + np.float64(block_u)
+
+
+def _subtract_times(data, update, vector, product):
+    """`_subtract_measuring` for matrices (the blocks are rows), writing into `product` the updated `data @ vector`."""
+    rows, cols = data.shape
+    before, change = 0.0, 0.0
+    for i in range(rows):
+        block_w, block_u, dot = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        for j in range(cols):
+            w, u = data[i, j], update[i, j]
+            new = w - u
+            data[i, j] = new
+            block_w += w * w
+            block_u += u * u
+            dot += new * vector[j]
+        product[i] = dot
+        before += np.float64(block_w)
+        change += np.float64(block_u)
+    return before, change
+
+
+def _subtract_times_left(data, update, vector, product):
+    """`_subtract_times` with the product on the left: `product` = `data.T @ vector` of the updated `data`."""
+    rows, cols = data.shape
+    before, change = 0.0, 0.0
+    product[:] = 0.0
+    for i in range(rows):
+        block_w, block_u, x = np.float32(0.0), np.float32(0.0), vector[i]
+        for j in range(cols):
+            w, u = data[i, j], update[i, j]
+            new = w - u
+            data[i, j] = new
+            block_w += w * w
+            block_u += u * u
+            product[j] += new * x
+        before += np.float64(block_w)
+        change += np.float64(block_u)
     return before, change
 
 
 @functools.cache
-def update_kernel():
-    "`_subtract_measuring` compiled by numba (once per process; additions reordered to vectorise), or None without numba."
+def update_kernels():
+    """`(flat, times, times_left)`: the three loops above compiled by numba (once per process; sums reordered to
+    vectorise), or None without numba."""
     numba = optional_numba()
     if numba is None:
         return None
     with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
-        kernel = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)(_subtract_measuring)
-        probe = np.ones(4, np.float32)
-        kernel(probe, probe.copy())     # compile now, not inside the first measured step
-    return kernel
+        jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
+        kernels = jit(_subtract_measuring), jit(_subtract_times), jit(_subtract_times_left)
+        probe = np.ones((2, 2), np.float32)           # compile now, not inside the first measured step
+        kernels[0](probe.reshape(-1), probe.reshape(-1).copy())
+        for kernel in kernels[1:]:
+            kernel(probe, probe.copy(), probe[0].copy(), probe[1].copy())
+    return kernels
 
 
-def subtract_update(data: np.ndarray, update) -> tuple[float, float]:
-    """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`. One compiled pass for float32 arrays
-    of one shape that do not overlap (numba installed), else NumPy and `l2_norm`; the same `data` either way."""
-    kernel = update_kernel()
-    if (kernel is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
+_FUSED_COLUMNS = (16, 4096)   # the rows the product loops take: long enough to vectorise, short enough for float32
+
+
+def _squares_norm(squares: float, exact: Callable[[], float]) -> float:
+    "The norm from a sum of squares taken in float32 blocks, or `exact()` where a float32 square may over- or underflow."
+    return math.sqrt(squares) if 1e-30 < squares < math.inf else exact()
+
+
+def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | None = None) -> tuple:
+    """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`, and with `probe = (vector, left)`
+    for a matrix `data`, also the updated `data @ vector` (`data.T @ vector` when `left`). One compiled pass for float32
+    arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way."""
+    kernels = update_kernels()
+    if not (kernels is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
             and not np.may_share_memory(data, update)):
-        before, change = kernel(data.reshape(-1), update.reshape(-1))
-        return math.sqrt(change), math.sqrt(before)
-    norm = l2_norm(data)
-    data -= update
-    return l2_norm(np.asarray(update)), norm
+        norm = l2_norm(data)
+        data -= update
+        norms = (l2_norm(np.asarray(update)), norm)
+        return norms if probe is None else (*norms, (data.T if probe[1] else data) @ probe[0])
+    product = None
+    if probe is not None:
+        vector, left = probe
+        if (data.ndim == 2 and _FUSED_COLUMNS[0] <= data.shape[1] <= _FUSED_COLUMNS[1] and kernel_input(vector)
+                and vector.shape == (data.shape[0 if left else 1],)):
+            product = np.empty(data.shape[1 if left else 0], np.float32)
+            before, change = kernels[2 if left else 1](data, update, vector, product)
+    if product is None:
+        before, change = kernels[0](data.reshape(-1), update.reshape(-1))
+    norms = (_squares_norm(change, lambda: l2_norm(update)),
+             _squares_norm(before, lambda: l2_norm(data.astype(np.float64) + update)))
+    if probe is None:
+        return norms
+    return (*norms, product if product is not None else (data.T if probe[1] else data) @ probe[0])
 
-# %% ../nbs/03_optim.ipynb #02078f98
+# %% ../nbs/03_optim.ipynb #1c869473
 def _positive(name: str, value) -> float:
     try:
         value = float(value)
@@ -138,6 +214,8 @@ class Optimizer:
         self.lr = _positive("lr", lr)
         self.steps = 0
         self.update_norms: dict | None = None  # an observer sets {} to receive each update's norms (see apply_update)
+        self.update_probes: dict | None = None # ... and {id(param): (vector, left)} to receive products in:
+        self.update_products: dict = {}
         self._step_pre_hooks: dict = {}
         self._step_post_hooks: dict = {}
 
@@ -159,12 +237,18 @@ class Optimizer:
         return HookHandle(self, hook_fn, "step_post")
 
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
-        """`param.data -= update`, in place; while `self.update_norms` is a dict, also record there, under `id(param)`,
-        the pair `(‖update‖, ‖param.data‖ before the update)` (from `subtract_update`: the same subtraction)."""
-        if self.update_norms is None:
+        """`param.data -= update`, in place. While `self.update_norms` is a dict, also record there, under `id(param)`, the
+        pair `(‖update‖, ‖param.data‖ before the update)`; for a parameter in `self.update_probes` (`{id: (vector,
+        left)}`), record in `self.update_products` the updated weights times `vector` (see `subtract_update`)."""
+        probe = self.update_probes.get(id(param)) if self.update_probes else None
+        if self.update_norms is None and probe is None:
             param.data -= update
-        else:
-            self.update_norms[id(param)] = subtract_update(param.data, update)
+            return
+        measured = subtract_update(param.data, update, probe)
+        if self.update_norms is not None:
+            self.update_norms[id(param)] = measured[:2]
+        if probe is not None:
+            self.update_products[id(param)] = measured[2]
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):

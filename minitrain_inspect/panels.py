@@ -404,6 +404,22 @@ class SpectralNorm:
             self._x, self._left = x.astype(W.dtype), self._left ^ (steps % 2 == 1)
         return sigma
 
+    def probe(self, W: np.ndarray) -> tuple[np.ndarray, bool] | None:
+        """`(x, left)`, the cached vector, for a product with `W` taken elsewhere (`advance`), once the iteration is under
+        way on a matrix of `W`'s shape and dtype; None before that."""
+        if W.ndim == 2 and self._x is not None and self._x.dtype == W.dtype and self._x.shape[0] == W.shape[0 if self._left else 1]:
+            return self._x, self._left
+        return None
+
+    def advance(self, W: np.ndarray, product: np.ndarray) -> float:
+        """`estimate`, for a half round whose product (`W @ x`, or `W.T @ x` for a left `x`; see `probe`) was taken
+        elsewhere: by the optimiser, say, in the loop that updates `W`. A zero or non-finite product is left to `estimate`."""
+        sigma = math.sqrt(float(np.dot(product, product)))
+        if not 0.0 < sigma < math.inf:
+            return self.estimate(W)
+        self._x, self._left = (product / sigma).astype(W.dtype, copy=False), not self._left
+        return sigma
+
 # %% ../nbs/09_panels.ipynb #bb8eda73
 def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tuple[float, np.ndarray | None]:
     """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and

@@ -744,7 +744,7 @@ def shadow_optimizer(optimizer: Optimizer, model: Module) -> tuple[Optimizer, di
     clone = object.__new__(type(optimizer))
     state = {k: v for k, v in vars(optimizer).items() if k not in ("params", "_step_pre_hooks", "_step_post_hooks")}
     clone.__dict__.update(copy.deepcopy(state))
-    clone.params, clone.update_norms = list(fresh.values()), None
+    clone.params, clone.update_norms, clone.update_probes, clone.update_products = list(fresh.values()), None, None, {}
     clone._step_pre_hooks, clone._step_post_hooks, clone._stepping = {}, {}, False
     return clone, fresh
 
