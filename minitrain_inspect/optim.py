@@ -33,13 +33,13 @@ def l2_norm(x: np.ndarray) -> float:
 # %% ../nbs/03_optim.ipynb #2e490f2e
 def _subtract_measuring(data, update):
     """Compiled by `update_kernels`: `data -= update` for two 1-D float32 arrays of one size, in one loop that also sums
-    the squares of `data` before the update and of `update` (float32 within blocks of 512, float64 across them)."""
+    the squares of `data` before the update and of `update` (float32 within blocks of 128, float64 across them)."""
     n = data.size
-    whole = n - n % 512
+    whole = n - n % 128
     before, change = 0.0, 0.0
-    for start in range(0, whole, 512):
+    for start in range(0, whole, 128):
         block_w, block_u = np.float32(0.0), np.float32(0.0)
-        for k in range(512):            # a fixed trip count: LLVM vectorises this loop (a variable one it does not)
+        for k in range(128):            # a fixed trip count: LLVM vectorises this loop (a variable one it does not)
             i = start + k
             w, u = data[i], update[i]
             data[i] = w - u              # float32 arithmetic: the same bits as NumPy's `data -= update`
@@ -111,7 +111,20 @@ def update_kernels():
     return kernels
 
 
-_FUSED_COLUMNS = (16, 4096)   # the rows the product loops take: long enough to vectorise, short enough for float32
+_FUSED_COLUMNS = (16, 512)    # the rows the product loops take: long enough to vectorise, short enough for float32
+
+
+def _times(matrix: np.ndarray, probe: tuple[np.ndarray, bool]) -> np.ndarray:
+    "`matrix @ vector`, or `matrix.T @ vector` for a left probe, by BLAS; NaN or inf in the matrix give them, silently."
+    vector, left = probe
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (matrix.T if left else matrix) @ vector
+
+
+def _norm_before(data: np.ndarray, update: np.ndarray) -> float:
+    "‖data + update‖ in float64: the weights' norm before `data -= update`, to within rounding (nan where `update` is not finite)."
+    with np.errstate(over="ignore", invalid="ignore"):
+        return l2_norm(data.astype(np.float64) + update)
 
 
 def _squares_norm(squares: float, exact: Callable[[], float]) -> float:
@@ -122,14 +135,16 @@ def _squares_norm(squares: float, exact: Callable[[], float]) -> float:
 def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | None = None) -> tuple:
     """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`, and with `probe = (vector, left)`
     for a matrix `data`, also the updated `data @ vector` (`data.T @ vector` when `left`). One compiled pass for float32
-    arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way."""
+    arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way. (Compiled, the
+    norm before the update is nan in one case it cannot be told: weights beyond the range of float32 squares together
+    with an update that is not finite.)"""
     kernels = update_kernels()
     if not (kernels is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
             and not np.may_share_memory(data, update)):
         norm = l2_norm(data)
         data -= update
         norms = (l2_norm(np.asarray(update)), norm)
-        return norms if probe is None else (*norms, (data.T if probe[1] else data) @ probe[0])
+        return norms if probe is None else (*norms, _times(data, probe))
     product = None
     if probe is not None:
         vector, left = probe
@@ -140,10 +155,10 @@ def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | N
     if product is None:
         before, change = kernels[0](data.reshape(-1), update.reshape(-1))
     norms = (_squares_norm(change, lambda: l2_norm(update)),
-             _squares_norm(before, lambda: l2_norm(data.astype(np.float64) + update)))
+             _squares_norm(before, lambda: _norm_before(data, update)))
     if probe is None:
         return norms
-    return (*norms, product if product is not None else (data.T if probe[1] else data) @ probe[0])
+    return (*norms, product if product is not None else _times(data, probe))
 
 # %% ../nbs/03_optim.ipynb #1c869473
 def _positive(name: str, value) -> float:
