@@ -623,11 +623,12 @@ def _spread_warnings(spread: dict, scaling: dict) -> list[str]:
 
 
 def kernels_description() -> str:
-    "Which code measures the statistics: numba's compiled one-pass kernels (the extra `fast`), or NumPy's passes."
+    "Which code measures the statistics: numba's compiled kernels (the extra `fast`), or NumPy's passes."
     numba = optional_numba()
     if numba is None:
         return 'NumPy, four passes per tensor (numba not installed: pip install "minitrain-inspect[fast]")'
-    return f"numba {numba.__version__}, one compiled pass per tensor"
+    return (f"numba {numba.__version__}, one compiled pass per tensor; the update norms and spectral products taken in "
+            "the optimiser's update loop")
 
 
 def blas_description() -> str:
