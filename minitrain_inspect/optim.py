@@ -138,6 +138,10 @@ def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | N
     arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way. (Compiled, the
     norm before the update is nan in one case it cannot be told: weights beyond the range of float32 squares together
     with an update that is not finite.)"""
+    if probe is not None and not (np.ndim(data) == 2 and np.shape(probe[0]) == (data.shape[0 if probe[1] else 1],)):
+        raise ValueError(f"a probe (vector, left) multiplies a matrix: for data of shape {np.shape(data)} and "
+                         f"left={probe[1]!r}, a vector of shape {np.shape(data)[0 if probe[1] else 1:][:1]} "
+                         f"was expected, got {np.shape(probe[0])}")   # checked first: nothing is changed
     kernels = update_kernels()
     if not (kernels is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
             and not np.may_share_memory(data, update)):

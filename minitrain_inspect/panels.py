@@ -414,6 +414,10 @@ class SpectralNorm:
     def advance(self, W: np.ndarray, product: np.ndarray) -> float:
         """`estimate`, for a half round whose product (`W @ x`, or `W.T @ x` for a left `x`; see `probe`) was taken
         elsewhere: by the optimiser, say, in the loop that updates `W`. A zero or non-finite product is left to `estimate`."""
+        expected = (W.shape[1 if self._left else 0],) if W.ndim == 2 and self._x is not None else None
+        if np.shape(product) != expected:
+            raise ValueError(f"a product of W (shape {W.shape}) with this estimator's vector has shape {expected}, "
+                             f"got {np.shape(product)}")
         sigma = math.sqrt(float(np.dot(product, product)))
         if not 0.0 < sigma < math.inf:
             return self.estimate(W)
