@@ -500,6 +500,7 @@ class Inspector:
         self._step_ender = None        # without an optimiser: the parameter whose gradient hook ends a step
         self._optimizer_hooked = False # gradients are then measured once per step, just before the update
         self._hooked_optimizer = None  # ... and this optimiser takes the spectral panel's products (`03_optim`)
+        self._lent = None              # the vectors lent to it at this step, if any
         self._grad_params: dict[str, Parameter] = {}    # name -> parameter, registered for gradients
         self._update_params: list[tuple[str, Parameter]] = []   # the parameters the optimiser updates
         self.max_stride = 2**20
@@ -590,15 +591,18 @@ def __end_step(self: Inspector) -> None:
     "The step is complete: measure what is measured after it, review the budget, open the next step."
     step, history = self.step, self.history
     optimizer = self._hooked_optimizer
+    # The products the optimiser took are ours if the vectors it was given are still the ones we lent (another
+    # observer of the same optimiser may have lent its own since).
+    ours = self._lent is not None and getattr(optimizer, "update_probes", None) is self._lent
     if self._enabled:
         updates = self.panels["updates"]
         if updates.active:
             updates.after(history, step, self._update_params, self.optimizer)
-        if self.panels["spectral"].active:   # with the products the optimiser took, if it was asked and could
-            lent = optimizer is not None and getattr(optimizer, "update_probes", None)
-            self.panels["spectral"].measure(history, step, self.params, optimizer.update_products if lent else None)
-    if optimizer is not None:
+        if self.panels["spectral"].active:
+            self.panels["spectral"].measure(history, step, self.params, optimizer.update_products if ours else None)
+    if ours:
         optimizer.update_probes, optimizer.update_products = None, {}
+    self._lent = None
     if self.guard is not None and self._enabled:
         self.guard.end_step(step, self.panels)
     self._open(step + 1)
@@ -643,9 +647,10 @@ def _remove_all(self: Inspector) -> None:
     self._live.clear()
     self._step_ender = None
     self._optimizer_hooked = False
-    if self._hooked_optimizer is not None:    # nothing left asked of it
-        self._hooked_optimizer.update_probes, self._hooked_optimizer.update_products = None, {}
-    self._hooked_optimizer = None
+    optimizer = self._hooked_optimizer
+    if self._lent is not None and getattr(optimizer, "update_probes", None) is self._lent:   # nothing left asked of it
+        optimizer.update_probes, optimizer.update_products = None, {}
+    self._hooked_optimizer = self._lent = None
 
 
 Inspector.__enter__ = lambda self: self
@@ -814,8 +819,12 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
     spectral = self.panels["spectral"]
 
     def lend_probes(opt, args, kwargs):   # the spectral panel's vectors, for the optimiser to multiply while it updates
-        opt.update_probes = spectral.probes(self.params) if spectral.active and self._enabled else None
-        opt.update_products = {}
+        previous = self._lent
+        self._lent = spectral.probes(self.params) if spectral.active and self._enabled else None
+        if self._lent is not None:
+            opt.update_probes, opt.update_products = self._lent, {}
+        elif previous is not None and opt.update_probes is previous:   # lent at a step that failed: taken back
+            opt.update_probes, opt.update_products = None, {}
 
     handles.append(self._keep_extra(optimizer.register_step_pre_hook(lend_probes)))
     self._optimizer_hooked, self._hooked_optimizer = True, optimizer
