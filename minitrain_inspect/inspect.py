@@ -260,8 +260,9 @@ class UpdatePanel(Panel):
         update_norms = getattr(optimizer, "update_norms", None) or {}
         if optimizer is not None:
             optimizer.update_norms = None
-        if self.reported is None:   # the first measurement: does the optimiser report every parameter's update?
-            self.reported = optimizer is not None and all(id(p) in update_norms for _, p in params)
+        if self.reported is None:   # the first measurement: does the optimiser report (‖Δw‖, ‖w‖) for every parameter?
+            self.reported = optimizer is not None and all(                # (a single float: an older optimiser's
+                isinstance(update_norms.get(id(p)), tuple) and len(update_norms[id(p)]) == 2 for _, p in params)   # format)
         for name, p in params:
             ### BEGIN SOLUTION
             if self.reported:

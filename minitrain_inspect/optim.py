@@ -99,7 +99,7 @@ def update_kernels():
     return kernels
 
 
-_FUSED_COLUMNS = (16, 512)    # the rows the product loops take: long enough to vectorise, short enough for float32
+_FUSED_COLUMNS = (16, 512)    # the rows the product loops take (and, for a left product, at most 512 of them)
 
 
 def _times(matrix: np.ndarray, probe: tuple[np.ndarray, bool]) -> np.ndarray:
@@ -109,23 +109,26 @@ def _times(matrix: np.ndarray, probe: tuple[np.ndarray, bool]) -> np.ndarray:
         return (matrix.T if left else matrix) @ vector
 
 
-def _norm_before(data: np.ndarray, update: np.ndarray) -> float:
-    "‖data + update‖ in float64: the weights' norm before `data -= update`, to within rounding (nan where `update` is not finite)."
+def _norm_before(data: np.ndarray, update: np.ndarray, change: float) -> float:
+    """‖data + update‖ in float64: the weights' norm before `data -= update`, each value to within the rounding of the
+    new one; nan (unknown) where that rounding could be most of it (an update far larger than the weights, or not finite)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return l2_norm(data.astype(np.float64) + update)
+        norm = l2_norm(data.astype(np.float64) + update)
+    return norm if norm > 1e-6 * change or change == 0.0 else math.nan
 
 
-def _squares_norm(squares: float, exact: Callable[[], float]) -> float:
-    "The norm from a sum of squares taken in float32 blocks, or `exact()` where a float32 square may over- or underflow."
-    return math.sqrt(squares) if 1e-30 < squares < math.inf else exact()
+def _squares_norm(squares: float, n: int, exact: Callable[[], float]) -> float:
+    """The norm from a sum of `n` float32 squares taken in blocks, or `exact()` where over- or underflow may have cost
+    more than a part in 1e9 (a square underflows below 1.4e-45: with a sum above n * 1e-36, those are negligible)."""
+    return math.sqrt(squares) if n * 1e-36 < squares < math.inf else exact()
 
 
 def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | None = None) -> tuple:
     """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`, and with `probe = (vector, left)`
     for a matrix `data`, also the updated `data @ vector` (`data.T @ vector` when `left`). One compiled pass for float32
     arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way. (Compiled, the
-    norm before the update is nan in one case it cannot be told: weights beyond the range of float32 squares together
-    with an update that is not finite.)"""
+    norm before the update is nan where it cannot be told: weights beyond the range of float32 squares, below about
+    1e-18 or above 1.8e19, together with an update a million times larger or not finite.)"""
     if probe is not None and not (np.ndim(data) == 2 and np.shape(probe[0]) == (data.shape[0 if probe[1] else 1],)):
         raise ValueError(f"a probe (vector, left) multiplies a matrix: for data of shape {np.shape(data)} and "
                          f"left={probe[1]!r}, a vector of shape {np.shape(data)[0 if probe[1] else 1:][:1]} "
@@ -141,13 +144,13 @@ def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | N
     if probe is not None:
         vector, left = probe
         if (data.ndim == 2 and _FUSED_COLUMNS[0] <= data.shape[1] <= _FUSED_COLUMNS[1] and kernel_input(vector)
-                and vector.shape == (data.shape[0 if left else 1],)):
+                and (not left or data.shape[0] <= _FUSED_COLUMNS[1])):   # a left product adds up the rows in float32
             product = np.empty(data.shape[1 if left else 0], np.float32)
             before, change = kernels[1](data, update, vector, left, product)
     if product is None:
         before, change = kernels[0](data.reshape(-1), update.reshape(-1))
-    norms = (_squares_norm(change, lambda: l2_norm(update)),
-             _squares_norm(before, lambda: _norm_before(data, update)))
+    change_norm = _squares_norm(change, data.size, lambda: l2_norm(update))
+    norms = (change_norm, _squares_norm(before, data.size, lambda: _norm_before(data, update, change_norm)))
     if probe is None:
         return norms
     return (*norms, product if product is not None else _times(data, probe))

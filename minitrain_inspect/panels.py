@@ -418,7 +418,8 @@ class SpectralNorm:
         if np.shape(product) != expected:
             raise ValueError(f"a product of W (shape {W.shape}) with this estimator's vector has shape {expected}, "
                              f"got {np.shape(product)}")
-        sigma = math.sqrt(float(np.dot(product, product)))
+        with np.errstate(over="ignore", invalid="ignore"):   # an overflow is left to `estimate`, below, which handles it
+            sigma = math.sqrt(float(np.dot(product, product)))
         if not 0.0 < sigma < math.inf:
             return self.estimate(W)
         self._x, self._left = (product / sigma).astype(W.dtype, copy=False), not self._left
