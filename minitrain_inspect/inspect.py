@@ -14,7 +14,7 @@ import numpy as np
 
 from .core import HookHandle, Module, Parameter, method_of
 from .layers import ReLU, Tanh
-from .optim import Optimizer, l2_norm, update_kernels
+from .optim import Optimizer, l2_norm, observes_only, update_kernels
 from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, unit_kernel, unit_summary
 from .per_class_loss import class_masks
 from .stats import TensorMoments, check_int, moment_kernels, new_state, summarize, welford_update
@@ -225,6 +225,11 @@ class PerClassPanel(Panel):
         self._running = (None, {})
 
 # %% ../nbs/10_inspect.ipynb #9fc46f89
+def _is_pair(value) -> bool:
+    "Is `value` the pair `(‖Δw‖, ‖w‖)` that `apply_update` records (not `None`, nor an older optimiser's single float)?"
+    return type(value) is tuple and len(value) == 2
+
+
 class UpdatePanel(Panel):
     "‖Δw‖ / ‖w‖ for every parameter, across one optimiser step."
 
@@ -236,12 +241,16 @@ class UpdatePanel(Panel):
         self._norms: dict[str, float] = {}         # ‖w‖ before the step (for optimisers that do not report)
         self._pending = False                      # True between `before` and `after`
         self.reported: bool | None = None          # does the optimiser report its norms? (learnt at the first step)
+        self._asked: dict | None = None            # the dict the optimiser fills at this step (maybe another's too)
 
     def before(self, params, optimizer=None) -> None:
         "Just before the optimiser step: ask the optimiser for its norms; unless it is known to report, take ‖w‖ and copy w."
         start = self.clock()
-        if optimizer is not None and self.reported is not False:
-            optimizer.update_norms = {}            # ask the optimiser for (‖Δw‖, ‖w‖) of each update (see `03_optim`)
+        if optimizer is not None and self.reported is not False:   # ask for (‖Δw‖, ‖w‖) of each update (`03_optim`)
+            asked = optimizer.update_norms
+            if asked is None or (self._pending and asked is self._asked):   # none yet, or ours from a step that failed
+                asked = optimizer.update_norms = {}
+            self._asked = asked                    # (another observer's dict of this step is shared, not replaced)
         if self.reported is not True:
             for name, p in params:
                 self._norms[name] = l2_norm(p.data)
@@ -257,12 +266,17 @@ class UpdatePanel(Panel):
         if not self._pending:
             return
         start = self.clock()
-        update_norms = getattr(optimizer, "update_norms", None) or {}
-        if optimizer is not None:
-            optimizer.update_norms = None
+        asked, self._asked = self._asked, None
+        update_norms = asked if asked is not None else {}
+        if optimizer is not None and optimizer.update_norms is asked:
+            optimizer.update_norms = None          # the first observer done with the dict stops the recording
+        pairs, learn_again = all(_is_pair(update_norms.get(id(p))) for _, p in params), False
         if self.reported is None:   # the first measurement: does the optimiser report (‖Δw‖, ‖w‖) for every parameter?
-            self.reported = optimizer is not None and all(                # (a single float: an older optimiser's
-                isinstance(update_norms.get(id(p)), tuple) and len(update_norms[id(p)]) == 2 for _, p in params)   # format)
+            self.reported = optimizer is not None and pairs   # (not if it records a single float, the earlier format)
+        elif self.reported and not pairs:   # a parameter not updated once through `apply_update` at this step: its
+            update_norms = {id(p): update_norms.get(id(p)) if _is_pair(update_norms.get(id(p))) else (math.nan, math.nan)
+                            for _, p in params}   # ratio is unknown (nan), and the next step learns again, copying
+            learn_again = True
         for name, p in params:
             ### BEGIN SOLUTION
             if self.reported:
@@ -275,13 +289,15 @@ class UpdatePanel(Panel):
             history.record(f"updates/{name}/ratio", step, delta / w_norm if 0 < w_norm < math.inf else math.nan)
             ### END SOLUTION
         self._norms, self._pending = {}, False
+        if learn_again:
+            self.reported = None
         self.cost += self.clock() - start
 
     def reset(self) -> None:
         super().reset()
         self._before.clear()
         self._norms, self._pending = {}, False
-        self.reported = None
+        self.reported, self._asked = None, None
 
 # %% ../nbs/10_inspect.ipynb #c5a96f6e
 class SpectralPanel(Panel):
@@ -811,6 +827,7 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
         if updates.active and self._enabled:
             updates.before(self._update_params, opt)
 
+    @observes_only
     def post_hook(opt, args, kwargs):
         self._end_step()
 
@@ -821,7 +838,8 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
 
     def lend_probes(opt, args, kwargs):   # the spectral panel's vectors, for the optimiser to multiply while it updates
         previous = self._lent
-        self._lent = spectral.probes(self.params) if spectral.active and self._enabled else None
+        due = spectral.active and self._enabled and opt.updates_reach(post_hook)   # (no products from a step that
+        self._lent = spectral.probes(self.params) if due else None                  # changes W after its updates)
         if self._lent is not None:
             opt.update_probes, opt.update_products = self._lent, {}
         elif previous is not None and opt.update_probes is previous:   # lent at a step that failed: taken back

@@ -14,7 +14,7 @@ import numpy as np
 from .core import HookHandle, Parameter, kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['l2_norm', 'update_kernels', 'subtract_update', 'Optimizer', 'SGD', 'Adam']
+__all__ = ['l2_norm', 'update_kernels', 'subtract_update', 'observes_only', 'Optimizer', 'SGD', 'Adam']
 
 # %% ../nbs/03_optim.ipynb #10ea58ae
 def l2_norm(x: np.ndarray) -> float:
@@ -183,6 +183,12 @@ def _step_arguments(result, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return result
 
 
+def observes_only(hook: Callable) -> Callable:
+    "Mark a step hook as one that never changes a parameter (see `Optimizer.updates_reach`); returns the hook."
+    hook.observes_only = True
+    return hook
+
+
 def _with_step_hooks(step: Callable) -> Callable:
     "Wrap an optimiser's `step` so that its step hooks fire once around the outermost call."
     @functools.wraps(step)
@@ -246,23 +252,44 @@ class Optimizer:
         "Call `hook_fn(optimizer, args, kwargs)` after each `step` has updated every parameter."
         return HookHandle(self, hook_fn, "step_post")
 
+    def updates_reach(self, hook: Callable) -> bool:
+        """Does step post hook `hook` see each parameter as its last `apply_update` of the step left it? Only when the
+        class that defines `step` says so in its own body (`updates_last = True`, as SGD and Adam do), `step` is not
+        replaced on the instance, and every post hook that runs before `hook` is marked `observes_only`. A subclass
+        whose `step` decays the weights after `super().step()`, or a post hook that rescales them, is not vouched for."""
+        if "step" in vars(self):
+            return False
+        owner = next(cls for cls in type(self).__mro__ if "step" in vars(cls))
+        if not vars(owner).get("updates_last", False):
+            return False
+        for other in self._step_post_hooks.values():
+            if other is hook:
+                return True
+            if not getattr(other, "observes_only", False):
+                return False
+        return False   # `hook` is not registered here
+
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
         """`param.data -= update`, in place. While `self.update_norms` is a dict, also record there, under `id(param)`, the
-        pair `(‖update‖, ‖param.data‖ before the update)`; for a parameter in `self.update_probes` (`{id: (vector,
-        left)}`), record in `self.update_products` the updated weights times `vector` (see `subtract_update`)."""
+        pair `(‖update‖, ‖param.data‖ before the update)`, or `None` when the parameter was already updated since the
+        dict was set (the pair would not describe the whole change); for a parameter in `self.update_probes` (`{id:
+        (vector, left)}`), record in `self.update_products` the updated weights times `vector` (see `subtract_update`)."""
         probe = self.update_probes.get(id(param)) if self.update_probes else None
-        if self.update_norms is None and probe is None:
+        norms = self.update_norms
+        if norms is None and probe is None:
             param.data -= update
             return
         measured = subtract_update(param.data, update, probe)
-        if self.update_norms is not None:
-            self.update_norms[id(param)] = measured[:2]
+        if norms is not None:
+            norms[id(param)] = None if id(param) in norms else measured[:2]
         if probe is not None:
             self.update_products[id(param)] = measured[2]
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):
     "Stochastic gradient descent with optional momentum."
+
+    updates_last = True   # `step` changes each parameter once, last, by `apply_update` (see `updates_reach`)
 
     def __init__(self, params, lr: float = 0.1, momentum: float = 0.0):
         super().__init__(params, lr)
@@ -286,6 +313,8 @@ class SGD(Optimizer):
 # %% ../nbs/03_optim.ipynb #504a15a8
 class Adam(Optimizer):
     "Adam (Kingma & Ba, 2015) with bias correction."
+
+    updates_last = True   # `step` changes each parameter once, last, by `apply_update` (see `updates_reach`)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(params, lr)

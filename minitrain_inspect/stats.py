@@ -51,12 +51,12 @@ def _as_numeric_array(x) -> np.ndarray:
 
 def float64_sum(x: np.ndarray) -> float:
     "Sum of all values of `x`, accumulated in float64. A finite result proves that every value is finite."
-    if x.dtype == np.float32 and x.size >= 16384:  # einsum converts and adds in one loop: about 20% faster on
-        return float(np.einsum("i->", x.reshape(-1), dtype=np.float64))  # large arrays (dearer to call on small)
-    if x.dtype.itemsize < 8 or x.dtype.kind != "f":  # float32 (or integer) values cannot overflow a float64 sum
+    if x.dtype.kind != "f":    # integers hold no NaN or inf, and cannot overflow a float64 sum
         return float(np.add.reduce(x, axis=None, dtype=np.float64))
-    with np.errstate(over="ignore"):  # float64 values can: that is an expected outcome here, not a warning
-        return float(np.add.reduce(x, axis=None, dtype=np.float64))
+    if x.dtype.itemsize < 8:   # float32 and float16 cannot overflow it either. einsum converts and adds in one loop
+        return float(np.einsum("i->", x.reshape(-1), dtype=np.float64))   # and, unlike np.add.reduce, does not warn
+    with np.errstate(over="ignore", invalid="ignore"):  # when +inf meets -inf: the NaN is the answer, not a warning
+        return float(np.add.reduce(x, axis=None, dtype=np.float64))   # (float64 can overflow: expected here too)
 
 
 def has_nan(x) -> bool:

@@ -29,7 +29,7 @@ from .core import Module, Parameter, Sequential
 from .data import Batch
 from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
-from .optim import SGD, Adam, Optimizer
+from .optim import SGD, Adam, Optimizer, observes_only
 from .stats import atomic_output, atomic_write_text, replace_folder, sigint_deferred, to_jsonable
 from .train import (PastTenseModel, TrainConfig, blas_threads, build_run,
                                      run_data)
@@ -202,6 +202,7 @@ class _TracerHooks:
         if record is not None:
             record.before += [record.event(self._names(p, i), "param_before", p.data) for i, p in enumerate(optimizer.params)]
 
+    @observes_only   # it reads the weights: an Inspector after it may still take its products (`03_optim`)
     def _step_post(self, optimizer, args, kwargs):
         record = self._record(None)
         if record is not None:
