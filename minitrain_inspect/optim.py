@@ -199,6 +199,8 @@ def _with_step_hooks(step: Callable) -> Callable:
         try:
             for hook in tuple(self._step_pre_hooks.values()):
                 args, kwargs = _step_arguments(hook(self, args, kwargs), args, kwargs)
+            if self.update_norms:   # an observer's dict holds the pairs of this step only (see `apply_update`)
+                self.update_norms.clear()
             out = step(self, *args, **kwargs)
             for hook in tuple(self._step_post_hooks.values()):
                 hook(self, args, kwargs)
@@ -271,8 +273,8 @@ class Optimizer:
 
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
         """`param.data -= update`, in place. While `self.update_norms` is a dict, also record there, under `id(param)`, the
-        pair `(‖update‖, ‖param.data‖ before the update)`, or `None` when the parameter was already updated since the
-        dict was set (the pair would not describe the whole change); for a parameter in `self.update_probes` (`{id:
+        pair `(‖update‖, ‖param.data‖ before the update)`, or `None` when the parameter was already updated in this
+        step (`step` empties the dict when it starts; the pair would not describe the whole change); for a parameter in `self.update_probes` (`{id:
         (vector, left)}`), record in `self.update_products` the updated weights times `vector` (see `subtract_update`)."""
         probe = self.update_probes.get(id(param)) if self.update_probes else None
         norms = self.update_norms
