@@ -244,9 +244,14 @@ class UpdatePanel(Panel):
         self._asked: dict | None = None            # the dict the optimiser fills at this step (maybe another's too)
 
     def before(self, params, optimizer=None) -> None:
-        "Just before the optimiser step: ask the optimiser for its norms; unless it is known to report, take ‖w‖ and copy w."
+        """Just before the optimiser step: ask `optimizer` for its norms; unless it is known to report, take ‖w‖ and copy w.
+        Without an optimiser to ask (None: none, or one whose step may change the weights after its updates), copy."""
         start = self.clock()
-        if optimizer is not None and self.reported is not False:   # ask for (‖Δw‖, ‖w‖) of each update (`03_optim`)
+        if optimizer is None:
+            self._asked = None
+            if self.reported:
+                self.reported = None               # learn again at this step (not asked: it copies)
+        elif self.reported is not False:   # ask for (‖Δw‖, ‖w‖) of each update (`03_optim`)
             asked = optimizer.update_norms
             if asked is None or (self._pending and asked is self._asked):   # none yet, or ours from a step that failed
                 asked = optimizer.update_norms = {}
@@ -272,7 +277,7 @@ class UpdatePanel(Panel):
             optimizer.update_norms = None          # the first observer done with the dict stops the recording
         pairs, learn_again = all(_is_pair(update_norms.get(id(p))) for _, p in params), False
         if self.reported is None:   # the first measurement: does the optimiser report (‖Δw‖, ‖w‖) for every parameter?
-            self.reported = optimizer is not None and pairs   # (not if it records a single float, the earlier format)
+            self.reported = asked is not None and pairs   # (not if it records a single float, the earlier format)
         elif self.reported and not pairs:   # a parameter not updated once through `apply_update` at this step: its
             update_norms = {id(p): update_norms.get(id(p)) if _is_pair(update_norms.get(id(p))) else (math.nan, math.nan)
                             for _, p in params}   # ratio is unknown (nan), and the next step learns again, copying
@@ -824,8 +829,8 @@ def _register_optimizer(self: Inspector, optimizer: Optimizer) -> list[HookHandl
             for name, param in self._grad_params.items():
                 if self._live[name].active:
                     gradients.measure(history, "gradients", name, self.step, param.grad)
-        if updates.active and self._enabled:
-            updates.before(self._update_params, opt)
+        if updates.active and self._enabled:   # the optimiser's pairs only if they are the step's whole change
+            updates.before(self._update_params, opt if opt.updates_reach(post_hook) else None)
 
     @observes_only
     def post_hook(opt, args, kwargs):
