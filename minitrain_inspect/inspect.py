@@ -672,6 +672,10 @@ def _remove_all(self: Inspector) -> None:
     optimizer = self._hooked_optimizer
     if self._lent is not None and getattr(optimizer, "update_probes", None) is self._lent:   # nothing left asked of it
         optimizer.update_probes, optimizer.update_products = None, {}
+    updates = self.panels["updates"]
+    if updates._asked is not None and getattr(optimizer, "update_norms", None) is updates._asked:
+        optimizer.update_norms = None            # (asked at a step that raised, say, and never collected)
+    updates._asked, updates._pending = None, False
     self._hooked_optimizer = self._lent = None
 
 
