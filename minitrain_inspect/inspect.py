@@ -252,10 +252,10 @@ class UpdatePanel(Panel):
             if self.reported:
                 self.reported = None               # learn again at this step (not asked: it copies)
         elif self.reported is not False:   # ask for (‖Δw‖, ‖w‖) of each update (`03_optim`)
-            asked = optimizer.update_norms
-            if asked is None or (self._pending and asked is self._asked):   # none yet, or ours from a step that failed
+            asked = optimizer.update_norms         # another observer's dict is shared, not replaced (and `step`
+            if asked is None:                      # empties it as it starts, so nothing stale is ever read)
                 asked = optimizer.update_norms = {}
-            self._asked = asked                    # (another observer's dict of this step is shared, not replaced)
+            self._asked = asked
         if self.reported is not True:
             for name, p in params:
                 self._norms[name] = l2_norm(p.data)
@@ -275,11 +275,12 @@ class UpdatePanel(Panel):
         update_norms = asked if asked is not None else {}
         if optimizer is not None and optimizer.update_norms is asked:
             optimizer.update_norms = None          # the first observer done with the dict stops the recording
-        pairs, learn_again = all(_is_pair(update_norms.get(id(p))) for _, p in params), False
+        pairs = self.reported is not False and all(_is_pair(update_norms.get(id(p))) for _, p in params)
+        learn_again = False
         if self.reported is None:   # the first measurement: does the optimiser report (‖Δw‖, ‖w‖) for every parameter?
             self.reported = asked is not None and pairs   # (not if it records a single float, the earlier format)
         elif self.reported and not pairs:   # a parameter not updated once through `apply_update` at this step: its
-            update_norms = {id(p): update_norms.get(id(p)) if _is_pair(update_norms.get(id(p))) else (math.nan, math.nan)
+            update_norms = {id(p): pair if _is_pair(pair := update_norms.get(id(p))) else (math.nan, math.nan)
                             for _, p in params}   # ratio is unknown (nan), and the next step learns again, copying
             learn_again = True
         for name, p in params:
@@ -297,6 +298,12 @@ class UpdatePanel(Panel):
         if learn_again:
             self.reported = None
         self.cost += self.clock() - start
+
+    def withdraw(self, optimizer) -> None:
+        "Stop asking `optimizer` for its norms (its hooks come off, maybe between `before` and `after`)."
+        if self._asked is not None and getattr(optimizer, "update_norms", None) is self._asked:
+            optimizer.update_norms = None
+        self._asked, self._pending = None, False
 
     def reset(self) -> None:
         super().reset()
@@ -672,10 +679,7 @@ def _remove_all(self: Inspector) -> None:
     optimizer = self._hooked_optimizer
     if self._lent is not None and getattr(optimizer, "update_probes", None) is self._lent:   # nothing left asked of it
         optimizer.update_probes, optimizer.update_products = None, {}
-    updates = self.panels["updates"]
-    if updates._asked is not None and getattr(optimizer, "update_norms", None) is updates._asked:
-        optimizer.update_norms = None            # (asked at a step that raised, say, and never collected)
-    updates._asked, updates._pending = None, False
+    self.panels["updates"].withdraw(optimizer)   # (asked at a step that raised, say, and never collected)
     self._hooked_optimizer = self._lent = None
 
 

@@ -274,8 +274,9 @@ class Optimizer:
     def apply_update(self, param: Parameter, update: np.ndarray) -> None:
         """`param.data -= update`, in place. While `self.update_norms` is a dict, also record there, under `id(param)`, the
         pair `(‖update‖, ‖param.data‖ before the update)`, or `None` when the parameter was already updated in this
-        step (`step` empties the dict when it starts; the pair would not describe the whole change); for a parameter in `self.update_probes` (`{id:
-        (vector, left)}`), record in `self.update_products` the updated weights times `vector` (see `subtract_update`)."""
+        step (`step` empties the dict as it starts; that pair would not describe the whole change); for a parameter in
+        `self.update_probes` (`{id: (vector, left)}`), record in `self.update_products` the updated weights times
+        `vector` (see `subtract_update`)."""
         probe = self.update_probes.get(id(param)) if self.update_probes else None
         norms = self.update_norms
         if norms is None and probe is None:
