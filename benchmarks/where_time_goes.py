@@ -78,10 +78,10 @@ def timed_measurements():
     "Time every `TensorPanel.measure` call in the block; yields {(prefix, shape): [seconds, ...]}."
     calls, original, clock = collections.defaultdict(list), TensorPanel.measure, time.perf_counter
 
-    def measure(self, history, prefix, name, step, x, stat=None):
+    def measure(self, prefix, name, x, stat=None):
         start = clock()
         try:
-            return original(self, history, prefix, name, step, x, stat)
+            return original(self, prefix, name, x, stat)
         finally:
             calls[prefix, np.shape(x)].append(clock() - start)
 

@@ -22,11 +22,12 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'SPARSE', 'moving_average', 'param_layer', 'LayerStyle', 'sparse_note',
-           'plot_per_layer', 'draw_loss', 'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates',
-           'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps',
-           'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired', 'nonfinite_lines', 'summary_lines',
-           'draw_summary', 'draw_key', 'render_dashboard', 'save_dashboard']
+__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'SPARSE', 'PANEL_PREFIXES', 'moving_average', 'param_layer', 'LayerStyle',
+           'sparse_note', 'plot_per_layer', 'draw_loss', 'output_layers', 'draw_activations', 'draw_gradients',
+           'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class', 'diagnosis_of',
+           'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired', 'nonfinite_lines',
+           'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key', 'render_dashboard',
+           'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -525,6 +526,34 @@ def draw_summary(ax, history: History) -> None:
     if colour == "red":                       # in the title line: never over the summary's text
         ax.set_title("non-finite values!", loc="right", color="red", fontweight="bold", fontsize=11)
 
+# %% ../nbs/11_dashboard.ipynb #54275d99
+PANEL_PREFIXES = ("loss", "activations", "act_grads", "gradients", "updates", "spectral", "units", "per_class")
+
+
+def extra_panels(history: History) -> dict[str, dict]:
+    "The user's own panels described in `history.meta['panels']` (name -> title, ylabel, log); malformed ones skipped."
+    described = history.meta.get("panels")
+    if not isinstance(described, dict):
+        return {}
+    return {name: info for name, info in described.items()
+            if isinstance(name, str) and name not in PANEL_PREFIXES and isinstance(info, dict)
+            and isinstance(info.get("title"), str) and info["title"]}
+
+
+def draw_extra(ax, history: History, style: LayerStyle, last_step: int, name: str, info: dict) -> None:
+    "A panel of the user's own: every series `name/LAYER/field`, in the layer's colour."
+    drawn = 0
+    for key in history.keys(name + "/"):
+        parts = key.split("/")
+        steps, values = history.get(key)
+        if len(parts) == 3 and steps.size and np.ndim(values) == 1:
+            label = _short(parts[1]) + ("" if parts[2] in ("value", "l2") else f" {parts[2]}")
+            ax.plot(steps, values, gid=key, label=label, **style.line(parts[1]), **_dots(steps))
+            drawn += 1
+    if not drawn:
+        _message(ax, f"nothing recorded under {name}/")
+    _finish(ax, info["title"], str(info.get("ylabel", "")), last_step, log=bool(info.get("log")), legend=drawn <= 12)
+
 # %% ../nbs/11_dashboard.ipynb #e566517a
 def draw_key(ax, style: LayerStyle, config: dict | None = None) -> None:
     "The colour key shared by every panel, in its own axes: one entry per layer, line styles, markers; the run's config."
@@ -553,12 +582,13 @@ def _config_line(config: dict, width: int = 300) -> str:
 
 # %% ../nbs/11_dashboard.ipynb #1528e4da
 def render_dashboard(history: History, title: str | None = None, figsize=(20, 25)) -> Figure:
-    "Draw the verdict banner and the seven panels from `history`, in reading order, into a new matplotlib `Figure`."
+    "Draw the verdict banner, the seven panels and any of the user's own from `history`, in reading order, into a `Figure`."
     if not isinstance(history, History):
         raise TypeError(f"render_dashboard needs a History, got {type(history).__name__}")
-    style, last = LayerStyle(history), _last_step(history)
-    fig = Figure(figsize=(figsize[0], figsize[1] + 1.2), layout="constrained")
-    grid = fig.add_gridspec(7, 4, height_ratios=[0.36, 1, 1, 1, 1, 1, 1])
+    style, last, extra = LayerStyle(history), _last_step(history), extra_panels(history)
+    rows = (len(extra) + 1) // 2                 # the user's panels, two to a row, below the seven
+    fig = Figure(figsize=(figsize[0], figsize[1] * (6 + rows) / 6 + 1.2), layout="constrained")
+    grid = fig.add_gridspec(7 + rows, 4, height_ratios=[0.36] + [1] * (6 + rows))
     add = lambda row, cols: fig.add_subplot(grid[row + 1, cols])
     draw_verdict(fig.add_subplot(grid[0, :]), history)
     timed = [add(0, slice(0, 2))]
@@ -580,6 +610,9 @@ def render_dashboard(history: History, title: str | None = None, figsize=(20, 25
     timed.append(add(5, slice(0, 2)))
     draw_per_class(timed[-1], history, last)
     draw_summary(add(5, slice(2, 4)), history)
+    for i, (name, info) in enumerate(extra.items()):
+        timed.append(add(6 + i // 2, slice(2 * (i % 2), 2 * (i % 2) + 2)))
+        draw_extra(timed[-1], history, style, last, name, info)
     for ax in timed:
         mark_fired(ax, history)
     title = title or history.meta.get("title") or "minitrain-inspect: is this run healthy?"

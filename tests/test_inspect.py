@@ -131,6 +131,7 @@ def test_module_called_twice_counts_both_outputs(batch):
 def test_snapshot_is_a_copy_and_nan_becomes_null(small_net, batch):
     inspector = Inspector(small_net).attach()
     small_net(np.full_like(batch, np.nan))
+    inspector.flush()
     snap = inspector.snapshot()
     assert snap["fc1"]["nonfinite"] == 40 and snap["fc1"]["mean"] is None
     json.dumps(snap, allow_nan=False)
@@ -351,6 +352,7 @@ def test_exploding_activations_show_as_huge_numbers_not_gaps():
     inspector = Inspector(net, schedules=EVERY_STEP).attach()
     net["fc"].weight.data[...] = np.float32(3e18)
     net(np.array([[1e19, 1e19], [-1e19, -1e19], [1e19, 0], [0, 0]], np.float32))   # outputs up to 6e37: squares overflow
+    inspector.flush()                                    # the panels record at the end of a step, or when asked
     for field in ("mean", "std", "absmax"):
         value = inspector.history.get(f"activations/fc/{field}")[1][0]
         assert math.isfinite(value) and value > 1e36, (field, value)
@@ -364,6 +366,7 @@ def test_nonfinite_values_are_counted(small_net, batch):
     x = batch.copy()
     x[0, 0] = np.nan
     small_net(x)
+    inspector.flush()
     assert inspector.history.get("activations/fc1/nonfinite")[1][0] == 8     # one NaN input row spreads to 8 outputs
 
 
@@ -373,6 +376,7 @@ def test_dead_units_are_units_off_for_every_example():
     net["fc"].bias.data[...] = 0
     inspector = Inspector(net, schedules=EVERY_STEP).attach()
     net(np.array([[1, 0], [0, 1]], np.float32))
+    inspector.flush()
     # units: 0 -> (1, 1) alive; 1 -> (-1, -1) dead; 2 -> (1, -1) alive; 3 -> (0, 0) dead
     assert inspector.history.get("units/act/dead")[1][0] == pytest.approx(0.5)
     assert inspector.history.get("units/act/zero_share")[1][0] == pytest.approx(5 / 8)
@@ -382,6 +386,7 @@ def test_tanh_units_record_saturation(batch):
     net = Sequential(fc=Linear(4, 3, rng=0), act=Tanh())
     inspector = Inspector(net, schedules=EVERY_STEP).attach()
     net(batch * 100)
+    inspector.flush()
     assert 0 <= inspector.history.get("units/act/saturated")[1][0] <= 1
     assert inspector.history.get("units/act/saturated_share")[1][0] > 0.5
     assert inspector.history.meta["histogram"]["act"]["kind"] == "tanh"
@@ -393,6 +398,7 @@ def test_histogram_reports_values_outside_its_range():
     net["fc"].bias.data[...] = 0
     inspector = Inspector(net, schedules=EVERY_STEP).attach()
     net(np.ones((1, 1), np.float32))                     # outputs 1, 2, 10, 100: two above the range [0, 4]
+    inspector.flush()
     assert inspector.history.get("units/act/above")[1][0] == pytest.approx(0.5)
     hist = inspector.history.series["units/act/histogram"].values[0]
     assert sum(hist) == pytest.approx(0.5) and hist[-1] == 0
@@ -418,7 +424,7 @@ def _simulate(budget, schedule=1, steps=400, window=20, max_stride=400):
     panels = {}
     for name in PANELS:
         panels[name] = Panel(1 if name in ("loss", "per_class") else schedule, clock)
-        panels[name].name = name
+        panels[name].name, panels[name].reducible = name, name not in ("loss", "per_class")
     guard = BudgetGuard(budget, window, clock, max_stride=max_stride)
     spent = []
     for step in range(steps):
@@ -467,7 +473,7 @@ def test_budget_on_a_real_run_stays_bounded():
     inspector = Inspector(schedules=EVERY_STEP, budget=0.05, budget_window=5)
     train(TrainConfig(steps=60, progress=False), inspector=inspector)
     assert inspector.throttled
-    assert all(p.stride <= 60 for p in inspector.panels.values())
+    assert all(p.stride <= 60 for p in inspector.panels)
     assert len(inspector.throttled) <= 5 * 60 // 5
     assert inspector.history.meta["throttled"] is inspector.throttled
 
@@ -522,7 +528,7 @@ def test_schedules_given_by_the_caller_are_not_changed():
     train(TrainConfig(steps=40, progress=False), inspector=inspector)
     assert inspector.throttled and shared.n == 1
     inspector.reset()
-    assert all(p.stride == 1 for p in inspector.panels.values())
+    assert all(p.stride == 1 for p in inspector.panels)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -544,6 +550,7 @@ def test_inspector_arguments_checked_at_construction(kwargs, message):
 def test_nan_activations_do_not_look_healthy(small_net, batch):
     inspector = Inspector(small_net, schedules=EVERY_STEP).attach()
     small_net(np.full_like(batch, np.nan))
+    inspector.flush()
     _, dead = inspector.history.get("units/act/dead")
     _, zero = inspector.history.get("units/act/zero_share")
     assert math.isnan(dead[0]) and math.isnan(zero[0])
@@ -577,7 +584,7 @@ def test_budget_guard_with_an_injected_clock_on_a_plain_loop(budget, schedules):
         net.zero_grad(); loss_fn(net(x), y); net.backprop(loss_fn.backward()); opt.step()
         clock.advance(0.010)
     again = [dict(e) for e in inspector.throttled]
-    assert all(1 <= p.stride <= inspector.max_stride for p in inspector.panels.values())
+    assert all(1 <= p.stride <= inspector.max_stride for p in inspector.panels)
     assert len(inspector.throttled) <= 5 * 300 // 10
     if budget >= 0.05 and schedules is EVERY_STEP:
         assert inspector.throttled, "an every-step Inspector costing more than the budget must be thinned"
@@ -636,6 +643,7 @@ def test_a_diverging_loss_with_labels_is_recorded_not_raised():
     x = X8.copy()
     x[0, 0] = np.nan
     out = lf(m(x), Y8)                                     # the Inspector must not raise inside the user's loss call
+    inspector.flush()
     assert math.isnan(out.loss)
     steps, values = inspector.history.get("per_class/regular")
     assert steps.tolist() == [0] and math.isnan(values[0])
@@ -730,7 +738,7 @@ def test_guard_with_log_schedules_and_an_impossible_budget_does_not_oscillate():
         clock.advance(100.0)
     assert len(inspector.throttled) <= 5 * 20, len(inspector.throttled)    # bounded, not growing with the run
     assert len(inspector.history.meta["notes"]) <= 4
-    assert all(p.stride <= 4000 for p in inspector.panels.values())
+    assert all(p.stride <= 4000 for p in inspector.panels)
 
 
 def test_plain_loop_strides_never_exceed_the_steps_so_far():
@@ -742,7 +750,7 @@ def test_plain_loop_strides_never_exceed_the_steps_so_far():
     for step in range(60):
         m.zero_grad(); lf(m(X8), Y8); m.backprop(lf.backward()); opt.step()
         clock.advance(0.01)
-        assert all(p.stride <= max(step + 1, 10) for p in inspector.panels.values())
+        assert all(p.stride <= max(step + 1, 10) for p in inspector.panels)
 
 
 def test_fast_and_exact_inspectors_agree():
