@@ -59,9 +59,10 @@ def subtract_measuring_numpy(data: np.ndarray, update) -> tuple[float, float]:
     '''`data -= update` by NumPy, in place; returns the float64 sums of the squares of the change (new - old, in float64)
     and of the old values, within `squares_bound(data.size)` of the exact sums. Any arrays NumPy subtracts in place.'''
     with np.errstate(over="ignore", invalid="ignore"):
-        old = np.array(data, dtype=np.float64)            # a copy: the price of the plain way
+        old = np.array(data, dtype=np.float64, ndmin=1)   # a copy: the price of the plain way (ndmin: 0-d arrays too)
         data -= update
-        change = np.asarray(data, dtype=np.float64) - old
+        change = np.array(data, dtype=np.float64, ndmin=1)
+        change -= old
         np.square(change, out=change)
         np.square(old, out=old)
     return _blocked_sum(change.reshape(-1)), _blocked_sum(old.reshape(-1))
