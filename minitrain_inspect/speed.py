@@ -14,45 +14,56 @@ from .core import FLOAT_DTYPES, optional_numba, sigint_deferred
 from .optim import Optimizer
 
 # %% auto #0
-__all__ = ['SQUARES_BLOCK', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure']
+__all__ = ['SQUARES_LANES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
-SQUARES_BLOCK = 1024   # values summed in order into one float64 block sum; the block sums are added in order
+SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
 
 
 def squares_bound(n: int) -> float:
     "Relative error bound of either sum of `subtract_measuring` (and of the norms taken from them) for `n` values."
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be a non-negative integer count of values, got {n!r}")
-    k = min(n, SQUARES_BLOCK) + -(-n // SQUARES_BLOCK) + 1
+    k = min(n, SQUARES_LANES) + -(-n // SQUARES_LANES) + 1
     u = 2.0 ** -53
     return k * u / (1 - k * u)
 
 # %% ../nbs/10a_speed.ipynb #e954e57f
 def _subtract_measuring_loop(data, update):
     '''`data -= update` for two 1-D arrays of one size (float32 or float64), in one pass; returns the float64 sums of the
-    squares of the change (new - old, in float64) and of the old values, in blocks of `SQUARES_BLOCK` (see `squares_bound`).'''
-    n = data.size
-    change, before = 0.0, 0.0
-    for start in range(0, n, SQUARES_BLOCK):
-        block_change, block_before = 0.0, 0.0
-        for i in range(start, min(start + SQUARES_BLOCK, n)):
-            old = data[i]
-            data[i] = old - update[i]          # NumPy's arithmetic and rounding (float32 - float32 stays float32)
+    squares of the change (new - old, in float64) and of the old values, in `SQUARES_LANES` lanes (see `squares_bound`).'''
+    n, lanes = data.size, SQUARES_LANES
+    whole = n - n % lanes
+    lane_change, lane_before = np.zeros(lanes), np.zeros(lanes)
+    for start in range(0, whole, lanes):
+        for k in range(lanes):                      # a constant trip count: this loop is vectorised, across the lanes
+            old = data[start + k]
+            data[start + k] = old - update[start + k]   # NumPy's arithmetic and rounding (float32 - float32 stays float32)
             old64 = np.float64(old)
-            step = np.float64(data[i]) - old64  # the change as stored, not as intended
-            block_change += step * step
-            block_before += old64 * old64
-        change += block_change
-        before += block_before
+            step = np.float64(data[start + k]) - old64  # the change as stored, not as intended
+            lane_change[k] += step * step
+            lane_before[k] += old64 * old64
+    for k in range(n - whole):                      # the tail: the same, into the first lanes
+        old = data[whole + k]
+        data[whole + k] = old - update[whole + k]
+        old64 = np.float64(old)
+        step = np.float64(data[whole + k]) - old64
+        lane_change[k] += step * step
+        lane_before[k] += old64 * old64
+    change, before = 0.0, 0.0
+    for k in range(lanes):                          # the lanes, in order
+        change += lane_change[k]
+        before += lane_before[k]
     return change, before
 
 # %% ../nbs/10a_speed.ipynb #b6316ca4
-def _blocked_sum(values: np.ndarray) -> float:
-    "Sum of a 1-D float64 array: blocks of `SQUARES_BLOCK` values, then the block sums (the order `squares_bound` assumes)."
-    whole = values.size - values.size % SQUARES_BLOCK
-    total = float(np.add.reduce(np.add.reduce(values[:whole].reshape(-1, SQUARES_BLOCK), axis=1))) if whole else 0.0
-    return total + float(np.add.reduce(values[whole:])) if whole < values.size else total
+def _lane_sum(values: np.ndarray) -> float:
+    "Sum of a 1-D float64 array in `SQUARES_LANES` lanes (value i into lane i % 1024), then the lanes: the loop's order."
+    lanes = SQUARES_LANES
+    whole = values.size - values.size % lanes
+    lane_sums = np.add.reduce(values[:whole].reshape(-1, lanes), axis=0) if whole else np.zeros(lanes)
+    lane_sums[:values.size - whole] += values[whole:]
+    return float(np.add.reduce(lane_sums))
 
 # %% ../nbs/10a_speed.ipynb #b3fc93d2
 def subtract_measuring_numpy(data: np.ndarray, update) -> tuple[float, float]:
@@ -65,7 +76,7 @@ def subtract_measuring_numpy(data: np.ndarray, update) -> tuple[float, float]:
         change -= old
         np.square(change, out=change)
         np.square(old, out=old)
-    return _blocked_sum(change.reshape(-1)), _blocked_sum(old.reshape(-1))
+    return _lane_sum(change.reshape(-1)), _lane_sum(old.reshape(-1))
 
 # %% ../nbs/10a_speed.ipynb #8695d1be
 @functools.cache

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from minitrain_inspect import speed
 from minitrain_inspect.core import Parameter, optional_numba
 from minitrain_inspect.optim import SGD, Adam, Optimizer
-from minitrain_inspect.speed import (SQUARES_BLOCK, UpdateMeasure, squares_bound, subtract_kernel, subtract_measuring,
+from minitrain_inspect.speed import (SQUARES_LANES, UpdateMeasure, squares_bound, subtract_kernel, subtract_measuring,
                                      subtract_measuring_numpy)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def arrays(seed, n, data_dtype, update_dtype, offset, scale, specials=0):
 
 
 DTYPES = st.sampled_from([np.float32, np.float64])
-CASES = dict(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 2 * SQUARES_BLOCK + 50), data_dtype=DTYPES,
+CASES = dict(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 2 * SQUARES_LANES + 50), data_dtype=DTYPES,
              update_dtype=DTYPES, offset=st.sampled_from([0.0, 1.0, 1e8, -3e4]),
              scale=st.sampled_from([0.0, 1e-9, 1e-3, 1.0, 1e6]))
 
@@ -138,7 +138,7 @@ def test_the_compiled_loop_is_its_python_body_bit_for_bit(seed, n, data_dtype, u
 
 
 @needs_numba
-@pytest.mark.parametrize("n", [SQUARES_BLOCK * 300 + 7, 1_000_000])
+@pytest.mark.parametrize("n", [SQUARES_LANES * 300 + 7, 1_000_000])
 def test_the_compiled_path_and_the_twin_agree_within_their_bounds_on_large_arrays(n):
     w, u = arrays(n, n, np.float32, np.float32, 2.0, 1e-3)
     compiled_w, twin_w = w.copy(), w.copy()
