@@ -7,156 +7,19 @@ from __future__ import annotations
 
 import functools
 import math
+import reprlib
 from typing import Callable, Iterable
 
 import numpy as np
 
-from .core import HookHandle, Parameter, kernel_input, optional_numba, sigint_deferred
+from .core import HookHandle, Parameter
 
 # %% auto #0
-__all__ = ['l2_norm', 'update_kernels', 'subtract_update', 'observes_only', 'Optimizer', 'SGD', 'Adam']
+__all__ = ['UpdateHookHandle', 'Optimizer', 'SGD', 'Adam']
 
-# %% ../nbs/03_optim.ipynb #10ea58ae
-def l2_norm(x: np.ndarray) -> float:
-    """The L2 norm of `x`, as a float: one BLAS dot in the array's own precision (relative error about 1e-7); when
-    that overflows or comes near underflow, the norm of `x / max|x|` times `max|x|` instead. NaN or inf give nan or inf."""
-    flat = x.reshape(-1)
-    squares = float(np.vdot(flat, flat))   # np.vdot raises no floating-point warnings: an overflow is detected below
-    if math.isfinite(squares) and squares > 1e-30 or flat.size == 0:
-        return math.sqrt(squares)
-    scale = float(np.max(np.abs(flat)))
-    if scale == 0.0 or not math.isfinite(scale):
-        return scale                     # zeros: 0; a NaN: nan; an inf: inf
-    scaled = flat / scale                # every |value| <= 1 now: its squares neither overflow nor matter if they underflow
-    return scale * math.sqrt(float(np.dot(scaled, scaled)))
-
-# %% ../nbs/03_optim.ipynb #2e490f2e
-def _subtract_measuring(data, update):
-    """Compiled by `update_kernels`: `data -= update` for two 1-D float32 arrays of one size, in one loop that also sums
-    the squares of `data` before the update and of `update` (float32 within blocks of 128, float64 across them)."""
-    n = data.size
-    whole = n - n % 128
-    before, change = 0.0, 0.0
-    for start in range(0, whole, 128):
-        block_w, block_u = np.float32(0.0), np.float32(0.0)
-        for k in range(128):            # a fixed trip count: LLVM vectorises this loop (a variable one it does not)
-            i = start + k
-            w, u = data[i], update[i]
-            data[i] = w - u              # float32 arithmetic: the same bits as NumPy's `data -= update`
-            block_w += w * w
-            block_u += u * u
-        before += np.float64(block_w)
-        change += np.float64(block_u)
-    block_w, block_u = np.float32(0.0), np.float32(0.0)
-    for i in range(whole, n):
-        w, u = data[i], update[i]
-        data[i] = w - u
-        block_w += w * w
-        block_u += u * u
-    return before + np.float64(block_w), change + np.float64(block_u)
-
-
-def _subtract_times(data, update, vector, left, product):
-    """`_subtract_measuring` for matrices (the blocks are rows), also writing into `product` the updated `data @ vector`,
-    or `data.T @ vector` when `left` (the compiler hoists the test on `left` out of the loop: two loops, as fast)."""
-    rows, cols = data.shape
-    before, change = 0.0, 0.0
-    if left:
-        product[:] = 0.0
-    for i in range(rows):
-        block_w, block_u, dot = np.float32(0.0), np.float32(0.0), np.float32(0.0)
-        x = vector[i] if left else np.float32(0.0)
-        for j in range(cols):
-            w, u = data[i, j], update[i, j]
-            new = w - u
-            data[i, j] = new
-            block_w += w * w
-            block_u += u * u
-            if left:
-                product[j] += new * x
-            else:
-                dot += new * vector[j]
-        if not left:
-            product[i] = dot
-        before += np.float64(block_w)
-        change += np.float64(block_u)
-    return before, change
-
-
-@functools.cache
-def update_kernels():
-    """`(flat, times)`: the two loops above compiled by numba (once per process; sums reordered to vectorise), or None
-    without numba."""
-    numba = optional_numba()
-    if numba is None:
-        return None
-    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
-        jit = numba.njit(fastmath={"reassoc", "contract"}, boundscheck=False, cache=False)
-        kernels = jit(_subtract_measuring), jit(_subtract_times)
-        probe = np.ones((2, 2), np.float32)           # compile now, not inside the first measured step
-        kernels[0](probe.reshape(-1), probe.reshape(-1).copy())
-        kernels[1](probe, probe.copy(), probe[0].copy(), True, probe[1].copy())
-    return kernels
-
-
-_FUSED_COLUMNS = (16, 512)    # the rows the product loops take (and, for a left product, at most 512 of them)
-
-
-def _times(matrix: np.ndarray, probe: tuple[np.ndarray, bool]) -> np.ndarray:
-    "`matrix @ vector`, or `matrix.T @ vector` for a left probe, by BLAS; NaN or inf in the matrix give them, silently."
-    vector, left = probe
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (matrix.T if left else matrix) @ vector
-
-
-def _norm_before(data: np.ndarray, update: np.ndarray, change: float) -> float:
-    """‖data + update‖ in float64: the weights' norm before `data -= update`, each value to within the rounding of the
-    new one; nan (unknown) where that rounding could be most of it (an update far larger than the weights, or not finite)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        norm = l2_norm(data.astype(np.float64) + update)
-    return norm if norm > 1e-6 * change or change == 0.0 else math.nan
-
-
-def _squares_norm(squares: float, n: int, exact: Callable[[], float]) -> float:
-    """The norm from a sum of `n` float32 squares taken in blocks, or `exact()` where over- or underflow may have cost
-    more than a part in 1e9 (a square underflows below 1.4e-45: with a sum above n * 1e-36, those are negligible)."""
-    return math.sqrt(squares) if n * 1e-36 < squares < math.inf else exact()
-
-
-def subtract_update(data: np.ndarray, update, probe: tuple[np.ndarray, bool] | None = None) -> tuple:
-    """`data -= update`, in place; returns `(‖update‖, ‖data‖ before the update)`, and with `probe = (vector, left)`
-    for a matrix `data`, also the updated `data @ vector` (`data.T @ vector` when `left`). One compiled pass for float32
-    arrays of one shape that do not overlap (numba installed), else NumPy; the same `data` either way. (Compiled, the
-    norm before the update is nan where it cannot be told: weights beyond the range of float32 squares, below about
-    1e-18 or above 1.8e19, together with an update a million times larger or not finite.)"""
-    if probe is not None and not (np.ndim(data) == 2 and np.shape(probe[0]) == (data.shape[0 if probe[1] else 1],)):
-        raise ValueError(f"a probe (vector, left) multiplies a matrix: for data of shape {np.shape(data)} and "
-                         f"left={probe[1]!r}, a vector of shape {np.shape(data)[0 if probe[1] else 1:][:1]} "
-                         f"was expected, got {np.shape(probe[0])}")   # checked first: nothing is changed
-    kernels = update_kernels()
-    if not (kernels is not None and kernel_input(data) and kernel_input(update) and data.shape == update.shape
-            and not np.may_share_memory(data, update)):
-        norm = l2_norm(data)
-        data -= update
-        norms = (l2_norm(np.asarray(update)), norm)
-        return norms if probe is None else (*norms, _times(data, probe))
-    product = None
-    if probe is not None:
-        vector, left = probe
-        if (data.ndim == 2 and _FUSED_COLUMNS[0] <= data.shape[1] <= _FUSED_COLUMNS[1] and kernel_input(vector)
-                and (not left or data.shape[0] <= _FUSED_COLUMNS[1])):   # a left product adds up the rows in float32
-            product = np.empty(data.shape[1 if left else 0], np.float32)
-            before, change = kernels[1](data, update, vector, left, product)
-    if product is None:
-        before, change = kernels[0](data.reshape(-1), update.reshape(-1))
-    change_norm = _squares_norm(change, data.size, lambda: l2_norm(update))
-    norms = (change_norm, _squares_norm(before, data.size, lambda: _norm_before(data, update, change_norm)))
-    if probe is None:
-        return norms
-    return (*norms, product if product is not None else _times(data, probe))
-
-# %% ../nbs/03_optim.ipynb #1c869473
+# %% ../nbs/03_optim.ipynb #d681f932
 def _positive(name: str, value) -> float:
+    "`value` as a float, checked to be a positive finite number (`name` says which argument, in the error)."
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -165,14 +28,15 @@ def _positive(name: str, value) -> float:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return value
 
-
+# %% ../nbs/03_optim.ipynb #febc68d1
 def _in_unit_interval(name: str, value) -> float:
+    "`value` as a float, checked to lie in [0, 1) (a momentum or a beta)."
     value = float(value)
     if not (0.0 <= value < 1.0):
         raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
     return value
 
-
+# %% ../nbs/03_optim.ipynb #0e128c81
 def _step_arguments(result, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     "What a step pre hook returned: `None` keeps `(args, kwargs)`; `(new_args, new_kwargs)` replaces them."
     if result is None:
@@ -182,13 +46,7 @@ def _step_arguments(result, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         raise TypeError(f"a step pre hook must return None or a tuple (new_args, new_kwargs), got {result!r}")
     return result
 
-
-def observes_only(hook: Callable) -> Callable:
-    "Mark a step hook as one that never changes a parameter (see `Optimizer.updates_reach`); returns the hook."
-    hook.observes_only = True
-    return hook
-
-
+# %% ../nbs/03_optim.ipynb #70480380
 def _with_step_hooks(step: Callable) -> Callable:
     "Wrap an optimiser's `step` so that its step hooks fire once around the outermost call."
     @functools.wraps(step)
@@ -199,8 +57,6 @@ def _with_step_hooks(step: Callable) -> Callable:
         try:
             for hook in tuple(self._step_pre_hooks.values()):
                 args, kwargs = _step_arguments(hook(self, args, kwargs), args, kwargs)
-            if self.update_norms:   # an observer's dict holds the pairs of this step only (see `apply_update`)
-                self.update_norms.clear()
             out = step(self, *args, **kwargs)
             for hook in tuple(self._step_post_hooks.values()):
                 hook(self, args, kwargs)
@@ -210,7 +66,30 @@ def _with_step_hooks(step: Callable) -> Callable:
     step_with_hooks.fires_step_hooks = True
     return step_with_hooks
 
+# %% ../nbs/03_optim.ipynb #9fcf7a83
+class UpdateHookHandle(HookHandle):
+    "A `HookHandle` that also accepts update hooks (kind `update`, kept in the optimiser's `_update_hooks`)."
 
+    KINDS = HookHandle.KINDS + ("update",)
+
+# %% ../nbs/03_optim.ipynb #d10ee402
+def _run_update_hooks(optimizer, param: Parameter, update) -> bool:
+    """Call `hook(optimizer, param, update)` for every update hook, in registration order, over a snapshot of the registry;
+    True when one of them applied the update itself (returned True). A second such hook raises RuntimeError."""
+    taker = None
+    for hook in tuple(optimizer._update_hooks.values()):
+        result = hook(optimizer, param, update)
+        if result is None:
+            continue
+        if result is not True:
+            raise TypeError(f"an update hook must return None or True, got {reprlib.repr(result)} from {hook!r}")
+        if taker is not None:
+            raise RuntimeError(f"two update hooks applied one update: {taker!r} returned True, then {hook!r} did too "
+                               "(at most one may take the write; the parameter has been changed twice)")
+        taker = hook
+    return taker is not None
+
+# %% ../nbs/03_optim.ipynb #223fd703
 class Optimizer:
     "Base class: holds the parameters; subclasses write `step`, and its step hooks fire around every call of it."
 
@@ -231,11 +110,9 @@ class Optimizer:
                 raise TypeError(f"optimiser parameters must be Parameter objects, got {type(p).__name__}")
         self.lr = _positive("lr", lr)
         self.steps = 0
-        self.update_norms: dict | None = None  # an observer sets {} to receive each update's norms (see apply_update)
-        self.update_probes: dict | None = None # ... and {id(param): (vector, left)} to receive products in:
-        self.update_products: dict = {}
         self._step_pre_hooks: dict = {}
         self._step_post_hooks: dict = {}
+        self._update_hooks: dict = {}
 
     def zero_grad(self) -> None:
         "Zero the gradient of every parameter."
@@ -254,45 +131,20 @@ class Optimizer:
         "Call `hook_fn(optimizer, args, kwargs)` after each `step` has updated every parameter."
         return HookHandle(self, hook_fn, "step_post")
 
-    def updates_reach(self, hook: Callable) -> bool:
-        """Does step post hook `hook` see each parameter as its last `apply_update` of the step left it? Only when the
-        class that defines `step` says so in its own body (`updates_last = True`, as SGD and Adam do), `step` is not
-        replaced on the instance, and every post hook that runs before `hook` is marked `observes_only`. A subclass
-        whose `step` decays the weights after `super().step()`, or a post hook that rescales them, is not vouched for."""
-        if "step" in vars(self):
-            return False
-        owner = next(cls for cls in type(self).__mro__ if "step" in vars(cls))
-        if not vars(owner).get("updates_last", False):
-            return False
-        for other in self._step_post_hooks.values():
-            if other is hook:
-                return True
-            if not getattr(other, "observes_only", False):
-                return False
-        return False   # `hook` is not registered here
+    def register_update_hook(self, hook_fn: Callable) -> HookHandle:
+        """Call `hook_fn(optimizer, param, update)` in `apply_update`, before each update is applied. It returns None (it
+        observes) or True (it applied the update itself, exactly `param.data -= update`, and the optimiser does not)."""
+        return UpdateHookHandle(self, hook_fn, "update")
 
-    def apply_update(self, param: Parameter, update: np.ndarray) -> None:
-        """`param.data -= update`, in place. While `self.update_norms` is a dict, also record there, under `id(param)`, the
-        pair `(‖update‖, ‖param.data‖ before the update)`, or `None` when the parameter was already updated in this
-        step (`step` empties the dict as it starts; that pair would not describe the whole change); for a parameter in
-        `self.update_probes` (`{id: (vector, left)}`), record in `self.update_products` the updated weights times
-        `vector` (see `subtract_update`)."""
-        probe = self.update_probes.get(id(param)) if self.update_probes else None
-        norms = self.update_norms
-        if norms is None and probe is None:
+    def apply_update(self, param: Parameter, update) -> None:
+        """`param.data -= update`, in place: the one way SGD and Adam change a parameter. The update hooks see each update
+        first (see `register_update_hook`); when one of them applied it, it is not subtracted again."""
+        if not (self._update_hooks and _run_update_hooks(self, param, update)):
             param.data -= update
-            return
-        measured = subtract_update(param.data, update, probe)
-        if norms is not None:
-            norms[id(param)] = None if id(param) in norms else measured[:2]
-        if probe is not None:
-            self.update_products[id(param)] = measured[2]
 
 # %% ../nbs/03_optim.ipynb #2aee9317
 class SGD(Optimizer):
     "Stochastic gradient descent with optional momentum."
-
-    updates_last = True   # `step` changes each parameter once, last, by `apply_update` (see `updates_reach`)
 
     def __init__(self, params, lr: float = 0.1, momentum: float = 0.0):
         super().__init__(params, lr)
@@ -316,8 +168,6 @@ class SGD(Optimizer):
 # %% ../nbs/03_optim.ipynb #504a15a8
 class Adam(Optimizer):
     "Adam (Kingma & Ba, 2015) with bias correction."
-
-    updates_last = True   # `step` changes each parameter once, last, by `apply_update` (see `updates_reach`)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(params, lr)
