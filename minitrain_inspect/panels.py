@@ -5,7 +5,6 @@
 # %% ../nbs/09_panels.ipynb #19b5ab77
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
@@ -14,14 +13,15 @@ from typing import NamedTuple
 import numpy as np
 
 from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
-                                    kernel_input, optional_numba, sigint_deferred, to_jsonable)
+                                    to_jsonable)
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
-           'LogSchedule', 'as_schedule', 'BoundedSeries', 'History', 'SpectralNorm', 'power_iteration', 'UnitHealth',
-           'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram', 'unit_kernel', 'unit_summary']
+           'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries', 'HistoryFiles', 'History', 'SpectralNorm',
+           'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram',
+           'unit_summary']
 
-# %% ../nbs/09_panels.ipynb #80061fe1
+# %% ../nbs/09_panels.ipynb #a87ada81
 def _check_step(step) -> int:
     "A step number: a non-negative integer (not a bool)."
     if type(step) is int and step >= 0:  # the common case, checked first because schedules run on every step
@@ -52,7 +52,7 @@ class Every:
     def __repr__(self):
         return f"Every({self.n})"
 
-
+# %% ../nbs/09_panels.ipynb #2e31e06f
 class LogSchedule:
     "Due at each of the first `dense` steps (and at steps 0 and 1), then whenever `log(step) / log(ratio)` crosses an integer."
 
@@ -87,7 +87,7 @@ class LogSchedule:
     def __repr__(self):
         return f"LogSchedule(ratio={self.ratio!r}, dense={self.dense})"
 
-
+# %% ../nbs/09_panels.ipynb #e72ca90e
 def as_schedule(spec) -> Every | LogSchedule:
     """A schedule from a positive int (`Every(n)`), `'log'`, a spec string from `to_spec` (`'every 10'`,
     `'log 1.1 dense 10'`), or a schedule object (returned as is)."""
@@ -113,7 +113,7 @@ def as_schedule(spec) -> Every | LogSchedule:
 MAX_POINTS_LIMIT = 1_000_000  # the largest max_points a History accepts (and loads)
 
 
-class BoundedSeries:
+class ThinnedSeries:
     "Points `(step, value)` thinned by halving whenever `max_points` is reached, so memory stays bounded."
 
     def __init__(self, max_points: int = 512):
@@ -146,14 +146,14 @@ class BoundedSeries:
         return len(self.steps)
 
     def __eq__(self, other):
-        return (isinstance(other, BoundedSeries) and self._state() == other._state()
+        return (isinstance(other, ThinnedSeries) and self._state() == other._state()
                 and _same_values(self.values, other.values))
 
     def _state(self) -> tuple:
         return self.max_points, self.stride, self.offered, self.last_step, self.steps
 
     def __repr__(self):
-        return f"BoundedSeries({len(self)} points, stride {self.stride}, max_points {self.max_points})"
+        return f"{type(self).__name__}({len(self)} points, stride {self.stride}, max_points {self.max_points})"
 
 
 def _same_values(a: list, b: list) -> bool:
@@ -169,19 +169,19 @@ def _same_values(a: list, b: list) -> bool:
     return True
 
 # %% ../nbs/09_panels.ipynb #a625cc12
-def _repeat(self: BoundedSeries, step: int, value) -> None:
-    "A step not after the last offered one: an earlier step raises ValueError; the same step replaces its value if kept."
-    ### BEGIN SOLUTION
-    if step < self.last_step:
-        raise ValueError(f"step {step} comes before the last recorded step {self.last_step}")
-    if self.steps and self.steps[-1] == step:
-        self.values[-1] = value  # the same step again: the latest value wins
-    ### END SOLUTION
+class BoundedSeries(ThinnedSeries):
+    "A `ThinnedSeries` that also takes a step seen before: the same step again replaces its value, an earlier one raises."
 
+    def _repeat(self, step: int, value) -> None:
+        "A step not after the last offered one: an earlier step raises ValueError; the same step replaces its value if kept."
+        ### BEGIN SOLUTION
+        if step < self.last_step:
+            raise ValueError(f"step {step} comes before the last recorded step {self.last_step}")
+        if self.steps and self.steps[-1] == step:
+            self.values[-1] = value  # the same step again: the latest value wins
+        ### END SOLUTION
 
-BoundedSeries._repeat = _repeat
-
-# %% ../nbs/09_panels.ipynb #c159bb28
+# %% ../nbs/09_panels.ipynb #34e2e5c4
 HISTORY_FORMAT = "minitrain-inspect history"
 HISTORY_VERSION = 2
 
@@ -208,8 +208,48 @@ def _clean_value(value):
 def _not_a_value(value):
     raise TypeError(f"a value must be a number, None (null) or a flat list of those, got {value!r}")
 
+# %% ../nbs/09_panels.ipynb #6d2e25f8
+class HistoryFiles:
+    "Saving a `History` as JSON Lines, and reading one back, validated line by line."
 
-class History:
+    def save_jsonl(self, path) -> Path:
+        "Write the history to `path` as JSON Lines (format above), atomically. Returns the path."
+        head = {"format": HISTORY_FORMAT, "version": HISTORY_VERSION, "series": len(self.series),
+                "max_points": self.max_points, "meta": to_jsonable(self.meta)}
+        lines = [json.dumps(head, allow_nan=False)]
+        for key, s in self.series.items():
+            lines.append(json.dumps({"key": key, "steps": s.steps, "values": to_jsonable(s.values), "stride": s.stride,
+                                     "offered": s.offered, "last_step": s.last_step}, allow_nan=False))
+        return atomic_write_text(path, "\n".join(lines) + "\n")
+
+    @classmethod
+    def load_jsonl(cls, path) -> "History":
+        "A History read back from a file written by `save_jsonl`; anything invalid raises ValueError naming file and line."
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path} is not a saved history: not UTF-8 text ({exc.reason})") from None
+        lines = text.split("\n")
+        while lines and not lines[-1].strip():  # trailing blank lines are fine
+            lines.pop()
+        if not lines:
+            raise ValueError(f"{path}, line 1: the file is empty, not a saved history")
+        history, expected = _read_head(path, lines[0])
+        for number, line in enumerate(lines[1:], start=2):
+            if number - 1 > expected:
+                raise ValueError(f"{path}, line {number}: the first line promises {expected} series, the file has more")
+            key, series = _read_series(path, number, line, history.max_points)
+            if key in history.series:
+                raise ValueError(f"{path}, line {number}: duplicate key {key!r}")
+            history.series[key] = series
+        if len(history.series) < expected:
+            raise ValueError(f"{path}, line {len(lines) + 1}: the first line promises {expected} series, the file has "
+                             f"{len(history.series)} (truncated?)")
+        return history
+
+# %% ../nbs/09_panels.ipynb #ce25a664
+class History(HistoryFiles):
     "Bounded series by key (`panel/name/field`), plus metadata; saved and loaded as validated JSON Lines."
 
     def __init__(self, max_points: int = 512):
@@ -262,43 +302,7 @@ class History:
     def __repr__(self):
         return f"History({len(self.series)} series, {self.points()} points, max_points {self.max_points})"
 
-    def save_jsonl(self, path) -> Path:
-        "Write the history to `path` as JSON Lines (format above), atomically. Returns the path."
-        head = {"format": HISTORY_FORMAT, "version": HISTORY_VERSION, "series": len(self.series),
-                "max_points": self.max_points, "meta": to_jsonable(self.meta)}
-        lines = [json.dumps(head, allow_nan=False)]
-        for key, s in self.series.items():
-            lines.append(json.dumps({"key": key, "steps": s.steps, "values": to_jsonable(s.values), "stride": s.stride,
-                                     "offered": s.offered, "last_step": s.last_step}, allow_nan=False))
-        return atomic_write_text(path, "\n".join(lines) + "\n")
-
-    @classmethod
-    def load_jsonl(cls, path) -> "History":
-        "A History read back from a file written by `save_jsonl`; anything invalid raises ValueError naming file and line."
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path} is not a saved history: not UTF-8 text ({exc.reason})") from None
-        lines = text.split("\n")
-        while lines and not lines[-1].strip():  # trailing blank lines are fine
-            lines.pop()
-        if not lines:
-            raise ValueError(f"{path}, line 1: the file is empty, not a saved history")
-        history, expected = _read_head(path, lines[0])
-        for number, line in enumerate(lines[1:], start=2):
-            if number - 1 > expected:
-                raise ValueError(f"{path}, line {number}: the first line promises {expected} series, the file has more")
-            key, series = _read_series(path, number, line, history.max_points)
-            if key in history.series:
-                raise ValueError(f"{path}, line {number}: duplicate key {key!r}")
-            history.series[key] = series
-        if len(history.series) < expected:
-            raise ValueError(f"{path}, line {len(lines) + 1}: the first line promises {expected} series, the file has "
-                             f"{len(history.series)} (truncated?)")
-        return history
-
-
+# %% ../nbs/09_panels.ipynb #5a165d92
 def _parse_line(path: Path, number: int, line: str) -> dict:
     "One line as a JSON object (strict: no NaN or Infinity tokens), or a ValueError naming file and line."
     def no_constants(token):
@@ -321,7 +325,7 @@ def _field(path: Path, number: int, row: dict, name: str, kind, what: str):
         raise ValueError(f"{path}, line {number}: {name!r} must be {what}, got {value!r}"[:300])
     return value
 
-
+# %% ../nbs/09_panels.ipynb #58f1eaca
 def _read_head(path: Path, line: str) -> tuple[History, int]:
     row = _parse_line(path, 1, line)
     if row.get("format") != HISTORY_FORMAT:
@@ -339,7 +343,7 @@ def _read_head(path: Path, line: str) -> tuple[History, int]:
     history.meta = meta
     return history, expected
 
-
+# %% ../nbs/09_panels.ipynb #32dfcbb4
 def _read_series(path: Path, number: int, line: str, max_points: int) -> tuple[str, BoundedSeries]:
     row = _parse_line(path, number, line)
     where = f"{path}, line {number}"
@@ -404,27 +408,6 @@ class SpectralNorm:
             self._x, self._left = x.astype(W.dtype), self._left ^ (steps % 2 == 1)
         return sigma
 
-    def probe(self, W: np.ndarray) -> tuple[np.ndarray, bool] | None:
-        """`(x, left)`, the cached vector, for a product with `W` taken elsewhere (`advance`), once the iteration is under
-        way on a matrix of `W`'s shape and dtype; None before that."""
-        if W.ndim == 2 and self._x is not None and self._x.dtype == W.dtype and self._x.shape[0] == W.shape[0 if self._left else 1]:
-            return self._x, self._left
-        return None
-
-    def advance(self, W: np.ndarray, product: np.ndarray) -> float:
-        """`estimate`, for a half round whose product (`W @ x`, or `W.T @ x` for a left `x`; see `probe`) was taken
-        elsewhere: by the optimiser, say, in the loop that updates `W`. A zero or non-finite product is left to `estimate`."""
-        expected = (W.shape[1 if self._left else 0],) if W.ndim == 2 and self._x is not None else None
-        if np.shape(product) != expected:
-            raise ValueError(f"a product of W (shape {W.shape}) with this estimator's vector has shape {expected}, "
-                             f"got {np.shape(product)}")
-        with np.errstate(over="ignore", invalid="ignore"):   # an overflow is left to `estimate`, below, which handles it
-            sigma = math.sqrt(float(np.dot(product, product)))
-        if not 0.0 < sigma < math.inf:
-            return self.estimate(W)
-        self._x, self._left = (product / sigma).astype(W.dtype, copy=False), not self._left
-        return sigma
-
 # %% ../nbs/09_panels.ipynb #bb8eda73
 def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tuple[float, np.ndarray | None]:
     """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and
@@ -477,7 +460,7 @@ def unit_health(output, kind: str) -> UnitHealth:
     return UnitHealth(np.count_nonzero(stuck_units) / np.count_nonzero(units), np.count_nonzero(stuck) / outputs)
     ### END SOLUTION
 
-# %% ../nbs/09_panels.ipynb #4f5ddaf2
+# %% ../nbs/09_panels.ipynb #6e1e7f66
 ACTIVATION_RANGES = {"relu": (0.0, 4.0), "tanh": (-1.0, 1.0)}
 
 
@@ -494,7 +477,7 @@ def histogram_edges(kind: str, bins: int = 40) -> np.ndarray:
     lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
     return np.linspace(lo, hi, check_int(bins, "bins", minimum=1) + 1)
 
-
+# %% ../nbs/09_panels.ipynb #314cad3f
 def _bin_positions(x: np.ndarray, lo: float, hi: float, bins: int, dtype) -> np.ndarray:
     "`(x - lo) * bins / (hi - lo)` for a 1-D array, in `dtype` (a bin index needs no float64); one pass when lo is 0."
     with np.errstate(over="ignore"):  # a huge value may overflow its position to ±inf: it is then simply out of range
@@ -518,7 +501,28 @@ def _bin_counts(index: np.ndarray, bins: int) -> np.ndarray:
         counts[index[-1]] += 1
     return counts
 
+# %% ../nbs/09_panels.ipynb #de834df0
+def _checked_extremes(extremes) -> tuple[float, float] | None:
+    "`extremes` as a pair of floats `(min, max)`, or None; anything else raises, naming it."
+    if extremes is None:
+        return None
+    try:
+        smallest, largest = map(float, extremes)
+    except (TypeError, ValueError):
+        raise TypeError(f"extremes must be a pair of numbers (min, max), got {extremes!r}") from None
+    if smallest > largest:
+        raise ValueError(f"extremes must be (min, max) with min <= max, got {extremes!r}")
+    return smallest, largest
 
+
+def _position_extremes(position: np.ndarray, extremes, same_dtype: bool, lo: float, hi: float, bins: int, dtype) -> tuple[float, float]:
+    "The smallest and largest position: from the caller's exact `extremes` when it can (no pass), else by two passes."
+    if extremes is not None and same_dtype and position.size and not math.isnan(sum(extremes)):
+        # Rounding is monotone, so the extremes' positions, by the same operations, are the positions' extremes.
+        return tuple(_bin_positions(np.array(extremes, dtype=dtype), lo, hi, bins, dtype).tolist())
+    return (float(np.minimum.reduce(position)), float(np.maximum.reduce(position))) if position.size else (0.0, 0.0)
+
+# %% ../nbs/09_panels.ipynb #211335c5
 def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, float] | None = None) -> Histogram:
     """Fractions of the non-NaN values of `x` in `bins` equal bins over [lo, hi], and below and above that range
     (outliers are never clamped into the edge bins); NaNs are counted apart. With no non-NaN value, fractions are NaN.
@@ -532,18 +536,7 @@ def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, f
     dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
     position = _bin_positions(x.reshape(-1), lo, hi, bins, dtype)
     nan = 0
-    if extremes is not None:
-        try:
-            smallest, largest = map(float, extremes)
-        except (TypeError, ValueError):
-            raise TypeError(f"extremes must be a pair of numbers (min, max), got {extremes!r}") from None
-        if smallest > largest:
-            raise ValueError(f"extremes must be (min, max) with min <= max, got {extremes!r}")
-    if extremes is not None and dtype == x.dtype and position.size and not math.isnan(smallest + largest):
-        # Rounding is monotone, so the extremes' positions, by the same operations, are the positions' extremes.
-        lowest, highest = _bin_positions(np.array([smallest, largest], dtype=dtype), lo, hi, bins, dtype).tolist()
-    else:
-        lowest, highest = (float(np.minimum.reduce(position)), float(np.maximum.reduce(position))) if position.size else (0.0, 0.0)
+    lowest, highest = _position_extremes(position, _checked_extremes(extremes), dtype == x.dtype, lo, hi, bins, dtype)
     if math.isnan(highest):           # NumPy's max propagates NaN: one pass tells whether there is any
         is_nan = np.isnan(position)
         nan = int(np.count_nonzero(is_nan))
@@ -565,77 +558,8 @@ def fixed_histogram(x, lo: float, hi: float, bins: int, extremes: tuple[float, f
     counts[-1] -= above
     return Histogram(counts / total, below / total, above / total, nan)
 
-# %% ../nbs/09_panels.ipynb #a0db6386
-def _unit_pass(a, relu, saturation, lo, scale, bins):
-    """Compiled by `unit_kernel`: for a 2-D float32 array (rows: examples, columns: units), the counts of stuck outputs,
-    non-NaN outputs, stuck units and units with any non-NaN output; of positions below and above [0, bins]; and the
-    bins' counts (an int64 array), the positions being `(a - lo) * scale` in float32."""
-    rows, cols = a.shape
-    stuck_column, valid_column = np.zeros(cols, np.int32), np.zeros(cols, np.int32)
-    for i in range(rows):             # per-column counters: the inner loop vectorises
-        for j in range(cols):
-            v = a[i, j]
-            stuck_column[j] += np.int32((v <= 0) if relu else (abs(v) > saturation))   # NaN is never stuck...
-            valid_column[j] += np.int32(v == v)                                          # ... nor counted
-    stuck, valid, stuck_units, valid_units = 0, 0, 0, 0
-    for j in range(cols):
-        stuck += stuck_column[j]
-        valid += valid_column[j]
-        valid_units += valid_column[j] > 0
-        stuck_units += (valid_column[j] > 0) & (stuck_column[j] == valid_column[j])
-    # Each value's code, without branches (so this loop vectorises too): its bin, or bins (below), bins + 1 (above),
-    # bins + 2 (NaN). The top edge goes into the last bin.
-    flat = a.reshape(-1)
-    codes = np.empty(flat.size, np.uint16)              # bins <= 10,000 (the Inspector's limit) fit in 16 bits
-    top, last, zero = np.float32(bins), np.float32(bins - 1), np.float32(0)
-    for i in range(flat.size):
-        position = (flat[i] - lo) * scale
-        inside = (position >= zero) & (position <= top)
-        k = np.int32(min(position if inside else zero, last))
-        codes[i] = k if inside else (bins if position < zero else (bins + 1 if position > top else bins + 2))
-    # Counting: eight partial histograms, so that a run of equal codes (a ReLU layer's zeros) does not wait on one
-    # counter's last increment.
-    partial = np.zeros((8, bins + 3), np.int64)
-    whole = flat.size - flat.size % 8
-    for i in range(0, whole, 8):
-        for w in range(8):
-            partial[w, codes[i + w]] += 1
-    for i in range(whole, flat.size):
-        partial[0, codes[i]] += 1
-    counts = np.zeros(bins + 3, np.int64)
-    for w in range(8):
-        for b in range(bins + 3):
-            counts[b] += partial[w, b]
-    return stuck, valid, stuck_units, valid_units, counts[bins], counts[bins + 1], counts[:bins].copy()
-
-
-_MAX_KERNEL_BINS = 2**16 - 3   # the kernel's codes are uint16: the bins, then below, above and NaN
-
-
-@functools.cache
-def unit_kernel():
-    "`_unit_pass` compiled by numba (once per process), or None when numba is not installed."
-    numba = optional_numba()
-    if numba is None:
-        return None
-    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
-        kernel = numba.njit(boundscheck=False, cache=False)(_unit_pass)
-        kernel(np.ones((2, 2), np.float32), True, np.float32(SATURATION), np.float32(0.0), np.float32(1.0), 2)  # now
-    return kernel
-
-# %% ../nbs/09_panels.ipynb #5cdd9482
+# %% ../nbs/09_panels.ipynb #8c15404e
 def unit_summary(output, kind: str, bins: int = 40, extremes: tuple[float, float] | None = None) -> tuple[UnitHealth, Histogram]:
-    """`(unit_health(output, kind), fixed_histogram(output, *ACTIVATION_RANGES[kind], bins, extremes))`, in one compiled
-    call for a contiguous float32 array when numba is installed; `extremes` (see `fixed_histogram`) serve the other way."""
+    "`(unit_health(output, kind), fixed_histogram(output, *ACTIVATION_RANGES[kind], bins, extremes))`."
     lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
-    kernel = unit_kernel()
-    bins = check_int(bins, "bins", minimum=1)
-    if kernel is None or not (kernel_input(output) and output.ndim and output.size and bins <= _MAX_KERNEL_BINS):
-        return unit_health(output, kind), fixed_histogram(output, lo, hi, bins, extremes)
-    stuck, valid, stuck_units, valid_units, below, above, counts = kernel(
-        output.reshape(-1, output.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo),
-        np.float32(bins / (hi - lo)), bins)
-    if valid == 0:
-        return UnitHealth(math.nan, math.nan), Histogram(np.full(bins, np.nan), math.nan, math.nan, output.size)
-    return (UnitHealth(stuck_units / valid_units, stuck / valid),
-            Histogram(counts / valid, below / valid, above / valid, output.size - valid))
+    return unit_health(output, kind), fixed_histogram(output, lo, hi, check_int(bins, "bins", minimum=1), extremes)
