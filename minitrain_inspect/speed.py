@@ -10,11 +10,16 @@ import math
 
 import numpy as np
 
-from .core import FLOAT_DTYPES, optional_numba, sigint_deferred
-from .optim import Optimizer
+from .core import FLOAT_DTYPES, kernel_input, optional_numba, sigint_deferred
+from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
+from .optim import SGD, Adam, Optimizer
+from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
+                                      unit_summary)
+from .stats import welford_update
 
 # %% auto #0
-__all__ = ['SQUARES_LANES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure']
+__all__ = ['SQUARES_LANES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure',
+           'unit_kernel', 'compiled_unit_summary', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -153,3 +158,136 @@ class UpdateMeasure:
     def __exit__(self, *exc_info):
         self.remove()
         return False
+
+# %% ../nbs/10a_speed.ipynb #94719d67
+def _unit_pass(a, relu, saturation, lo, scale, bins):
+    """Compiled by `unit_kernel`: for a 2-D float32 array (rows: examples, columns: units), the counts of stuck outputs,
+    non-NaN outputs, stuck units and units with any non-NaN output; of positions below and above [0, bins]; and the
+    bins' counts (an int64 array), the positions being `(a - lo) * scale` in float32."""
+    rows, cols = a.shape
+    stuck_column, valid_column = np.zeros(cols, np.int32), np.zeros(cols, np.int32)
+    for i in range(rows):             # per-column counters: the inner loop vectorises
+        for j in range(cols):
+            v = a[i, j]
+            stuck_column[j] += np.int32((v <= 0) if relu else (abs(v) > saturation))   # NaN is never stuck...
+            valid_column[j] += np.int32(v == v)                                          # ... nor counted
+    stuck, valid, stuck_units, valid_units = 0, 0, 0, 0
+    for j in range(cols):
+        stuck += stuck_column[j]
+        valid += valid_column[j]
+        valid_units += valid_column[j] > 0
+        stuck_units += (valid_column[j] > 0) & (stuck_column[j] == valid_column[j])
+    # Each value's code, without branches (so this loop vectorises too): its bin, or bins (below), bins + 1 (above),
+    # bins + 2 (NaN). The top edge goes into the last bin.
+    flat = a.reshape(-1)
+    codes = np.empty(flat.size, np.uint16)              # bins <= 10,000 (the Inspector's limit) fit in 16 bits
+    top, last, zero = np.float32(bins), np.float32(bins - 1), np.float32(0)
+    for i in range(flat.size):
+        position = (flat[i] - lo) * scale
+        inside = (position >= zero) & (position <= top)
+        k = np.int32(min(position if inside else zero, last))
+        codes[i] = k if inside else (bins if position < zero else (bins + 1 if position > top else bins + 2))
+    # Counting: eight partial histograms, so that a run of equal codes (a ReLU layer's zeros) does not wait on one
+    # counter's last increment.
+    partial = np.zeros((8, bins + 3), np.int64)
+    whole = flat.size - flat.size % 8
+    for i in range(0, whole, 8):
+        for w in range(8):
+            partial[w, codes[i + w]] += 1
+    for i in range(whole, flat.size):
+        partial[0, codes[i]] += 1
+    counts = np.zeros(bins + 3, np.int64)
+    for w in range(8):
+        for b in range(bins + 3):
+            counts[b] += partial[w, b]
+    return stuck, valid, stuck_units, valid_units, counts[bins], counts[bins + 1], counts[:bins].copy()
+
+# %% ../nbs/10a_speed.ipynb #044c2e3a
+_MAX_KERNEL_BINS = 2**16 - 3   # the kernel's codes are uint16: the bins, then below, above and NaN
+
+
+@functools.cache
+def unit_kernel():
+    "`_unit_pass` compiled by numba (once per process, on first call), or None when numba is not installed."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be dropped: held until the compilation ends
+        kernel = numba.njit(boundscheck=False, cache=False)(_unit_pass)
+        kernel(np.ones((2, 2), np.float32), True, np.float32(SATURATION), np.float32(0.0), np.float32(1.0), 2)  # now
+    return kernel
+
+# %% ../nbs/10a_speed.ipynb #c5e171f9
+def compiled_unit_summary(output, kind: str, bins: int = 40) -> tuple[UnitHealth, Histogram]:
+    "`unit_summary(output, kind, bins)`, in one compiled call for a contiguous float32 array when numba is installed."
+    lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
+    bins = check_int(bins, "bins", minimum=1)
+    kernel = unit_kernel() if kernel_input(output) and output.ndim and output.size and bins <= _MAX_KERNEL_BINS else None
+    if kernel is None:
+        return unit_summary(output, kind, bins)
+    stuck, valid, stuck_units, valid_units, below, above, counts = kernel(
+        output.reshape(-1, output.shape[-1]), kind == "relu", np.float32(SATURATION), np.float32(lo),
+        np.float32(bins / (hi - lo)), bins)
+    if valid == 0:
+        return UnitHealth(math.nan, math.nan), Histogram(np.full(bins, np.nan), math.nan, math.nan, output.size)
+    return (UnitHealth(stuck_units / valid_units, stuck / valid),
+            Histogram(counts / valid, below / valid, above / valid, output.size - valid))
+
+# %% ../nbs/10a_speed.ipynb #9ee255a0
+class CompiledOps(NumpyOps):
+    "The array interface with compiled kernels where they apply (numba); the plain NumPy ways everywhere else."
+
+    def __init__(self):
+        self.compiled = optional_numba() is not None
+        if self.compiled:     # compiled now: never inside a measured step
+            unit_kernel(), subtract_kernel()
+
+    def moments(self, state: dict, x):
+        return welford_update(state, x, fast=self.compiled)
+
+    def units(self, output, kind: str, bins: int):
+        return compiled_unit_summary(output, kind, bins)
+
+# %% ../nbs/10a_speed.ipynb #d2bf86ae
+class FastUpdatePanel(UpdatePanel):
+    "Panel 4 measured in the optimiser's update loop (`UpdateMeasure`) where its conditions hold; by copies elsewhere."
+
+    @staticmethod
+    def vouched(optimizer) -> bool:
+        "The conditions: a built-in SGD or Adam, `step` not replaced, and no other step post hook or update hook."
+        return (type(optimizer) in (SGD, Adam) and "step" not in vars(optimizer)
+                and len(optimizer._step_post_hooks) == 1 and len(optimizer._update_hooks) == 1)
+
+    def on_step_begin(self, params, optimizer) -> None:
+        if self._measure is None and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
+            self._measure = UpdateMeasure(optimizer)
+        self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
+        if not self._fast:
+            return super().on_step_begin(params, optimizer)
+        self._copied = list(params)            # nothing copied: the names to record
+
+    def on_step_end(self, params) -> None:
+        if not self._fast:
+            return super().on_step_end(params)
+        for name, p in self._copied:
+            delta, w_norm = self._measure.pairs.get(id(p)) or (math.nan, math.nan)
+            self.record(f"updates/{name}/ratio", delta / w_norm if 0 < w_norm < math.inf else math.nan)
+        self._copied = []
+
+    def detach(self) -> None:
+        if self._measure is not None:
+            self._measure.remove()
+        self._measure, self._fast = None, False
+
+    def reset(self) -> None:
+        super().reset()
+        self._fast = False
+        self._measure = getattr(self, "_measure", None)     # the hooks stay through a reset
+
+# %% ../nbs/10a_speed.ipynb #1c5bc4bb
+def fast_inspector(*args, panels=(), **kwargs) -> Inspector:
+    "An `Inspector` (same arguments) measuring through `CompiledOps`, with `FastUpdatePanel` for the update panel."
+    if "ops" in kwargs:
+        raise TypeError("fast_inspector chooses the array interface itself (CompiledOps); use Inspector(ops=...) for another")
+    updates = FastUpdatePanel(DEFAULT_SCHEDULES["updates"])
+    return Inspector(*args, panels=[updates, *panels], ops=CompiledOps(), **kwargs)
