@@ -1,7 +1,8 @@
-"""The compiled kernels (the optional `fast` extra, numba) against the NumPy paths they stand in for: the one-pass
-moments on any float32 array, the unit summary bit for bit, the optimiser's measured subtraction (the weights bit for
-bit, the norms and the spectral products close), and a whole Inspector run with and without them. Skipped when numba
-is not installed (the NumPy paths are then the only ones, and the other tests cover them)."""
+"""The compiled kernels (the optional `fast` extra, numba) against the NumPy paths they stand in for: the moment
+kernels bit for bit against their own Python bodies and within the stated bounds of exact arithmetic (so on any
+machine, whatever BLAS kernel is in force), the unit summary bit for bit, the optimiser's measured subtraction (the
+weights bit for bit, the norms and the spectral products close), and a whole Inspector run with and without them.
+Skipped when numba is not installed (test_exact.py runs the kernels' bodies uncompiled there)."""
 import math
 import subprocess
 import sys
@@ -15,7 +16,10 @@ from minitrain_inspect import optim, panels, stats
 from minitrain_inspect.inspect import EVERY_STEP, Inspector
 from minitrain_inspect.optim import subtract_update
 from minitrain_inspect.panels import ACTIVATION_RANGES, fixed_histogram, unit_health, unit_summary
-from minitrain_inspect.stats import new_state, one_pass_moments, tensor_moments, welford_update
+from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, _compiled_moments, _deviation_blocks, _moments_of,
+                                     _sum_blocks, m2_error_bound, moment_kernels, new_state, one_pass_moments,
+                                     tensor_moments, welford_update)
+from test_exact import check_exact
 from minitrain_inspect.train import TrainConfig, train
 
 pytestmark = pytest.mark.skipif(stats.optional_numba() is None, reason="numba (the extra `fast`) is not installed")
@@ -27,12 +31,37 @@ float32_arrays = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3,
 @settings(max_examples=300, deadline=None)
 @given(float32_arrays)
 def test_one_pass_moments_agrees_with_the_exact_path(x):
+    "Compiled and NumPy summaries: counts and extremes equal, both within the stated bounds of the exact statistics."
     got, want = one_pass_moments(x), tensor_moments(x)
     assert (got.n, got.nonfinite, got.nan) == (want.n, want.nonfinite, want.nan)
     if want.n:
         assert (got.min, got.max) == (want.min, want.max)     # the extremes are exact (±0 compare equal)
-        assert math.isclose(got.mean, want.mean, rel_tol=1e-9, abs_tol=1e-300 + 1e-9 * max(-want.min, want.max))
-        assert math.isclose(got.var if want.n > 1 else 0.0, want.var if want.n > 1 else 0.0, rel_tol=1e-6, abs_tol=1e-300)
+        finite = x[np.isfinite(x)]
+        check_exact(got, finite)
+        check_exact(want, finite)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    "The same float64 bits, value by value, NaN apart (a NaN's sign and payload carry no meaning)."
+    nan = np.isnan(a)
+    return np.array_equal(nan, np.isnan(b)) and a[~nan].tobytes() == b[~nan].tobytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 9000), elements=st.floats(width=32, allow_nan=True, allow_infinity=True)),
+       st.floats(-1e30, 1e30))
+def test_the_moment_kernels_are_their_python_bodies_bit_for_bit(x, mean):
+    "No fastmath: the compiled loops add in the order written, so they give the bits of the same code run as Python."
+    compiled_sums, compiled_deviations = moment_kernels()
+    sums, lo, hi = compiled_sums(x)
+    want_sums, want_lo, want_hi = _sum_blocks(x)
+    assert same_bits(sums, want_sums)
+    if np.isfinite(x).all():
+        assert (lo, hi) == (want_lo, want_hi)
+    squares, deviations = compiled_deviations(x, mean)
+    want_squares, want_deviations = _deviation_blocks(x, mean)
+    assert same_bits(squares, want_squares) and same_bits(deviations, want_deviations)
+    assert _compiled_moments(moment_kernels(), x) == _compiled_moments((_sum_blocks, _deviation_blocks), x)
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,18 +109,24 @@ def test_subtract_update_is_numpy_s_subtraction_with_its_norms(w, scale, with_pr
 
 
 def test_welford_fast_lane_matches_the_plain_fold():
+    "50 tensors folded by the compiled kernels and by NumPy: both within the running-merge bound of the exact figures."
     rng = np.random.default_rng(3)
     lane, plain = new_state(), new_state()
+    tensors = []
     for i in range(50):
         x = (rng.standard_normal((16, 33)) * 10.0 ** rng.integers(-5, 6) + rng.integers(-3, 4)).astype(np.float32)
         if i % 7 == 3:
             x[0, 0] = np.nan
+        tensors.append(x[np.isfinite(x)])
         welford_update(lane, x, fast=True)
         welford_update(plain, x, fast=False)
     for key in ("n", "nonfinite", "nan", "min", "max", "tensors", "l2_tensors"):
         assert lane[key] == plain[key], key
-    for key in ("mean", "m2", "l2", "l2_mean"):
-        assert math.isclose(lane[key], plain[key], rel_tol=2e-6), (key, lane[key], plain[key])
+    whole = np.concatenate(tensors)
+    for state in (lane, plain):
+        check_exact(_moments_of(state), whole, merges=50)
+    assert math.isclose(lane["l2"], plain["l2"], rel_tol=6 * SUM_ERROR)     # each within 3 SUM_ERROR of the exact
+    assert math.isclose(lane["l2_mean"], plain["l2_mean"], rel_tol=6 * SUM_ERROR + 50 * 2.0 ** -52)
 
 
 def test_a_run_with_and_without_the_kernels(monkeypatch):
@@ -107,16 +142,51 @@ def test_a_run_with_and_without_the_kernels(monkeypatch):
     for key in a.keys():
         (steps_a, va), (steps_b, vb) = a.get(key), b.get(key)
         np.testing.assert_array_equal(steps_a, steps_b)
-        if key.startswith(("units/", "loss/", "per_class/")):
-            np.testing.assert_array_equal(va, vb, err_msg=key)       # the unit kernel is bit for bit; the rest is not
+        if key.startswith(("activations/", "gradients/")):
+            assert_within_the_moment_bounds(key, va, vb, a)
+        elif key.startswith(("units/", "loss/", "per_class/")):
+            np.testing.assert_array_equal(va, vb, err_msg=key)       # the unit kernel is bit for bit
         elif key.startswith("spectral/"):                             # products summed in another order, iterated
             np.testing.assert_allclose(va, vb, rtol=1e-5, err_msg=key)
-        else:
+        else:                                                         # the optimiser's update norms (03_optim)
             np.testing.assert_allclose(va, vb, rtol=2e-6, atol=1e-12, err_msg=key)
     sa, sb = with_kernels.inspector.snapshot(), without.inspector.snapshot()
+    u = 2.0 ** -53
     for name in sa:
-        assert (sa[name]["n"], sa[name]["min"], sa[name]["max"]) == (sb[name]["n"], sb[name]["min"], sb[name]["max"])
-        assert math.isclose(sa[name]["std"], sb[name]["std"], rel_tol=2e-6), name
+        A, B = sa[name], sb[name]
+        assert (A["n"], A["min"], A["max"], A["tensors"]) == (B["n"], B["min"], B["max"], B["tensors"]), name
+        if A["n"] > 1 and B["std"]:   # the running-merge bound of 08_stats, over the tensors folded, for each path
+            k, reach, n = A["tensors"], max(abs(A["min"]), abs(A["max"])), A["n"]
+            kappa = 1 + (B["mean"] / B["std"]) ** 2
+            m2_rel = (m2_error_bound(2 * kappa) + 8 * k * u
+                      + 4 * (MEAN_ERROR + 8 * k * u) * reach / (B["std"] * math.sqrt((n - 1) / n)))
+            assert math.isclose(A["std"], B["std"], rel_tol=2.01 * (m2_rel / 2 + 2 * u)), name
+
+
+def assert_within_the_moment_bounds(key, va, vb, history):
+    """A per-step statistic of one tensor, by the compiled kernels (`va`) and by NumPy (`vb`): each within the stated
+    bound of the exact value, so within twice that of each other. The bounds need the tensor's largest |value|
+    (recorded as `absmax`, exact on both paths) and its conditioning, from the recorded mean and std."""
+    va, vb = np.asarray(va, float), np.asarray(vb, float)
+    assert np.array_equal(np.isnan(va), np.isnan(vb)), key
+    va, vb = va[~np.isnan(vb)], vb[~np.isnan(vb)]
+    prefix, field = key.rsplit("/", 1)
+    if field in ("absmax", "nonfinite"):
+        np.testing.assert_array_equal(va, vb, err_msg=key)
+    elif field == "mean":
+        absmax = np.asarray(history.get(f"{prefix}/absmax")[1], float)
+        absmax = absmax[~np.isnan(absmax)]
+        assert np.all(np.abs(va - vb) <= 2 * MEAN_ERROR * absmax + 2.0 ** -1073), key
+    elif field == "std":
+        mean = np.asarray(history.get(f"{prefix}/mean")[1], float)
+        mean = mean[~np.isnan(mean)]
+        kappa = 1 + (mean / np.where(vb > 0, vb, 1.0)) ** 2
+        bound = np.array([m2_error_bound(2 * k) / 2 + 2.0 ** -52 for k in kappa])   # n / (n - 1) <= 2 in κ
+        assert np.all(np.abs(va - vb) <= 2.01 * bound * vb), key
+    elif field == "l2":
+        assert np.all(np.abs(va - vb) <= 6.01 * SUM_ERROR * vb), key
+    else:
+        raise AssertionError(f"no bound stated for {key}")
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.35, 0.6, 0.85, 1.1, 1.4])
