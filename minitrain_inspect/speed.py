@@ -15,7 +15,7 @@ from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
 from .optim import SGD, Adam, Optimizer
 from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
                                       unit_summary)
-from .stats import welford_update
+from .stats import moment_kernels, welford_update
 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure',
@@ -240,7 +240,7 @@ class CompiledOps(NumpyOps):
     def __init__(self):
         self.compiled = optional_numba() is not None
         if self.compiled:     # compiled now: never inside a measured step
-            unit_kernel(), subtract_kernel()
+            unit_kernel(), subtract_kernel(), moment_kernels()
 
     def moments(self, state: dict, x):
         return welford_update(state, x, fast=self.compiled)
