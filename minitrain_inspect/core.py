@@ -100,9 +100,20 @@ class Parameter:
         # An empty dict is falsy, so a parameter without hooks costs one truth test per backward.
         self._backward_hooks: dict = {}
 
-    shape = property(lambda self: self.data.shape, doc="Shape of `data` (and of `grad`).")
-    dtype = property(lambda self: self.data.dtype, doc="Dtype of `data` (and of `grad`).")
-    size = property(lambda self: self.data.size, doc="Number of entries of `data`.")
+    @property
+    def shape(self) -> tuple:
+        "Shape of `data` (and of `grad`)."
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        "Dtype of `data` (and of `grad`)."
+        return self.data.dtype
+
+    @property
+    def size(self) -> int:
+        "Number of entries of `data`."
+        return self.data.size
 
     def zero_grad(self) -> None:
         "Reset the accumulated gradient to zero, in place."
