@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 # %% auto #0
-__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'method_of', 'Module',
-           'Sequential', 'sigint_deferred', 'optional_numba', 'kernel_input']
+__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential',
+           'sigint_deferred', 'optional_numba', 'kernel_input', 'method_of']
 
 # %% ../nbs/00_core.ipynb #315665ba
 def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = Exception, contains: str | None = None) -> BaseException:
@@ -100,9 +100,20 @@ class Parameter:
         # An empty dict is falsy, so a parameter without hooks costs one truth test per backward.
         self._backward_hooks: dict = {}
 
-    shape = property(lambda self: self.data.shape, doc="Shape of `data` (and of `grad`).")
-    dtype = property(lambda self: self.data.dtype, doc="Dtype of `data` (and of `grad`).")
-    size = property(lambda self: self.data.size, doc="Number of entries of `data`.")
+    @property
+    def shape(self) -> tuple:
+        "Shape of `data` (and of `grad`)."
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        "Dtype of `data` (and of `grad`)."
+        return self.data.dtype
+
+    @property
+    def size(self) -> int:
+        "Number of entries of `data`."
+        return self.data.size
 
     def zero_grad(self) -> None:
         "Reset the accumulated gradient to zero, in place."
@@ -114,6 +125,14 @@ class Parameter:
 
     def __repr__(self):
         return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+# %% ../nbs/00_core.ipynb #c39bd1bb
+def _overread_error(module, dropped: int) -> RuntimeError:
+    "The error for a backward pass that reads `module`'s saved values more often than its forward calls saved them."
+    why = (f"; it was called more than max_saved_calls={module.max_saved_calls} times without a "
+           f"backward, and its oldest {dropped} call(s) were dropped") if dropped else ""
+    return RuntimeError(f"{type(module).__name__}.backward ran more often in this backward pass than its forward calls "
+                        f"left saved values for (a module called several times must be backpropagated once per forward){why}")
 
 # %% ../nbs/00_core.ipynb #641ca0ac
 class _SavedForBackward:
@@ -151,11 +170,7 @@ class _SavedForBackward:
             return values
         if self.pass_reads is not None:
             if self.pass_reads:
-                dropped = (f"; it was called more than max_saved_calls={module.max_saved_calls} times without a "
-                           f"backward, and its oldest {self.dropped} call(s) were dropped") if self.dropped else ""
-                raise RuntimeError(f"{type(module).__name__}.backward ran more often in this backward pass than its forward calls "
-                                   f"left saved values for (a module called several times must be backpropagated "
-                                   f"once per forward){dropped}")
+                raise _overread_error(module, self.dropped)
             self.pass_reads = 1
         return values
 
@@ -163,18 +178,140 @@ class _SavedForBackward:
         if self.stale != "read":
             self.stale = "mode"
 
-# %% ../nbs/00_core.ipynb #edf2f23b
-def method_of(cls: type, name: str | None = None):
-    "Decorator: attach the function to `cls` as the method `name` (by default its own name without the first underscore), so a class grows cell by cell."
-    def add(fn):
-        method = name or fn.__name__[1:]
-        fn.__name__, fn.__qualname__ = method, f"{cls.__name__}.{method}"
-        setattr(cls, method, fn)
-        return fn
-    return add
+# %% ../nbs/00_core.ipynb #4f3766fd
+class _ModuleTree:
+    "The tree of modules under a module: its children, and every descendant by path (part of `Module`)."
 
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        "Direct sub-modules, in attribute order; lists and tuples of modules are named `attr.0`, `attr.1`, ..."
+        for attr, value in vars(self).items():
+            if isinstance(value, _ModuleTree):
+                yield attr, value
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, _ModuleTree):
+                        yield f"{attr}.{i}", item
 
-class Module:
+    def children(self) -> Iterator["Module"]:
+        "Direct sub-modules, in the order of `named_children`."
+        for _, child in self.named_children():
+            yield child
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        "This module (named `prefix`) and every descendant, depth first, each once."
+        seen = set()
+        stack = [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            kids = [(f"{name}.{n}" if name else n, m) for n, m in module.named_children()]
+            stack.extend(reversed(kids))
+
+    def is_leaf(self) -> bool:
+        "True if this module has no sub-modules."
+        return next(self.named_children(), None) is None
+
+# %% ../nbs/00_core.ipynb #06a2b369
+class _ModuleState:
+    "The parameters and the train/eval mode of a tree of modules (part of `Module`)."
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        "Every parameter once, named by its path, in a fixed order (modules depth first, attributes in order)."
+        seen = set()
+        for mod_name, module in self.named_modules():
+            for attr, value in vars(module).items():
+                if isinstance(value, Parameter) and id(value) not in seen:
+                    seen.add(id(value))
+                    yield (f"{mod_name}.{attr}" if mod_name else attr), value
+
+    def parameters(self) -> list[Parameter]:
+        "Every parameter once, in `named_parameters` order."
+        return [p for _, p in self.named_parameters()]
+
+    def zero_grad(self) -> None:
+        "Zero the gradient of every parameter."
+        for p in self.parameters():
+            p.zero_grad()
+
+    def train(self, mode: bool = True) -> "Module":
+        "Set training mode on this module and every descendant (a module whose mode changes starts a fresh stack)."
+        mode = bool(mode)
+        for _, module in self.named_modules():
+            if module.training != mode:
+                module._saved.mode_changed()
+            module.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        "Set evaluation mode on this module and every descendant."
+        return self.train(False)
+
+# %% ../nbs/00_core.ipynb #7a6ae5fb
+class _HookRegistration:
+    "The public way to register module hooks (part of `Module`); each method returns a removable `HookHandle`."
+
+    def register_forward_hook(self, hook_fn: Callable) -> HookHandle:
+        "Call `hook_fn(module, args, kwargs, output)` after every forward call."
+        return HookHandle(self, hook_fn, "forward")
+
+    def register_backward_hook(self, hook_fn: Callable) -> HookHandle:
+        "Call `hook_fn(module, grad_output)` before this module's backward runs."
+        return HookHandle(self, hook_fn, "backward")
+
+# %% ../nbs/00_core.ipynb #7bc27dec
+class _ForwardHookPoint:
+    "The forward hook point (part of `Module`): calling a module runs `forward`, then its forward hooks."
+
+    def __call__(self, *args, **kwargs):
+        "Run `forward`, then each forward hook as `hook(module, args, kwargs, output)`; return the output."
+        ### BEGIN SOLUTION
+        output = self.forward(*args, **kwargs)
+        if self._forward_hooks:
+            for hook in tuple(self._forward_hooks.values()):
+                hook(self, args, kwargs, output)
+        return output
+        ### END SOLUTION
+
+# %% ../nbs/00_core.ipynb #eabdcbc4
+class _BackwardHookPoint:
+    "The module backward hook point (part of `Module`): `run_backward` runs the backward hooks, then `backward`."
+
+    def run_backward(self, grad_output):
+        "Run module backward hooks on `grad_output`, then `backward`. Containers call this on their children."
+        ### BEGIN SOLUTION
+        if self._backward_hooks:
+            for hook in tuple(self._backward_hooks.values()):
+                hook(self, grad_output)
+        return self.backward(grad_output)
+        ### END SOLUTION
+
+# %% ../nbs/00_core.ipynb #0b2961ba
+class _BackwardPass:
+    "The parameter hook point (part of `Module`): `backprop` runs a whole backward pass, then the parameter hooks."
+
+    def backprop(self, grad_output):
+        "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
+        modules = [module for _, module in self.named_modules()]
+        for module in modules:  # a pass begins: saved values count their reads from here
+            module._saved.pass_reads = 0
+        try:
+            grad_input = self.run_backward(grad_output)
+        finally:
+            for module in modules:
+                module._saved.pass_reads = None
+        ### BEGIN SOLUTION
+        for param in self.parameters():
+            if param._backward_hooks:
+                for hook in tuple(param._backward_hooks.values()):
+                    hook(param, param.grad)
+        ### END SOLUTION
+        return grad_input
+
+# %% ../nbs/00_core.ipynb #f3b77d3d
+class Module(_BackwardPass, _BackwardHookPoint, _ForwardHookPoint, _HookRegistration, _ModuleState, _ModuleTree):
     "Base class: subclasses write `forward` and `backward`; the base class adds hooks, saved values, traversal and train/eval mode."
 
     max_saved_calls = 32  # forward calls whose saved values a module keeps without a backward (the bound)
@@ -201,78 +338,6 @@ class Module:
         "In `backward`: the values saved by the most recent forward call not yet undone (last in, first out)."
         return self._saved.pop(self)
 
-    def register_forward_hook(self, hook_fn: Callable) -> HookHandle:
-        "Call `hook_fn(module, args, kwargs, output)` after every forward call."
-        return HookHandle(self, hook_fn, "forward")
-
-    def register_backward_hook(self, hook_fn: Callable) -> HookHandle:
-        "Call `hook_fn(module, grad_output)` before this module's backward runs."
-        return HookHandle(self, hook_fn, "backward")
-
-    # -- traversal ---------------------------------------------------------
-    def named_children(self) -> Iterator[tuple[str, "Module"]]:
-        "Direct sub-modules, in attribute order; lists and tuples of modules are named `attr.0`, `attr.1`, ..."
-        for attr, value in vars(self).items():
-            if isinstance(value, Module):
-                yield attr, value
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    if isinstance(item, Module):
-                        yield f"{attr}.{i}", item
-
-    def children(self) -> Iterator["Module"]:
-        "Direct sub-modules, in the order of `named_children`."
-        for _, child in self.named_children():
-            yield child
-
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
-        "This module (named `prefix`) and every descendant, depth first, each once."
-        seen = set()
-        stack = [(prefix, self)]
-        while stack:
-            name, module = stack.pop()
-            if id(module) in seen:
-                continue
-            seen.add(id(module))
-            yield name, module
-            kids = [(f"{name}.{n}" if name else n, m) for n, m in module.named_children()]
-            stack.extend(reversed(kids))
-
-    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
-        "Every parameter once, named by its path, in a fixed order (modules depth first, attributes in order)."
-        seen = set()
-        for mod_name, module in self.named_modules():
-            for attr, value in vars(module).items():
-                if isinstance(value, Parameter) and id(value) not in seen:
-                    seen.add(id(value))
-                    yield (f"{mod_name}.{attr}" if mod_name else attr), value
-
-    def parameters(self) -> list[Parameter]:
-        "Every parameter once, in `named_parameters` order."
-        return [p for _, p in self.named_parameters()]
-
-    def is_leaf(self) -> bool:
-        "True if this module has no sub-modules."
-        return next(self.named_children(), None) is None
-
-    def zero_grad(self) -> None:
-        "Zero the gradient of every parameter."
-        for p in self.parameters():
-            p.zero_grad()
-
-    def train(self, mode: bool = True) -> "Module":
-        "Set training mode on this module and every descendant (a module whose mode changes starts a fresh stack)."
-        mode = bool(mode)
-        for _, module in self.named_modules():
-            if module.training != mode:
-                module._saved.mode_changed()
-            module.training = mode
-        return self
-
-    def eval(self) -> "Module":
-        "Set evaluation mode on this module and every descendant."
-        return self.train(False)
-
     def extra_repr(self) -> str:
         "Extra text inside this module's `repr` (subclasses override it)."
         return ""
@@ -285,48 +350,16 @@ class Module:
         body = "".join(f"\n  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in kids)
         return head + body + "\n)"
 
-# %% ../nbs/00_core.ipynb #7bc27dec
-@method_of(Module, "__call__")
-def _call(self: Module, *args, **kwargs):
-    "Run `forward`, then each forward hook as `hook(module, args, kwargs, output)`; return the output."
-    ### BEGIN SOLUTION
-    output = self.forward(*args, **kwargs)
-    if self._forward_hooks:
-        for hook in tuple(self._forward_hooks.values()):
-            hook(self, args, kwargs, output)
-    return output
-    ### END SOLUTION
-
-# %% ../nbs/00_core.ipynb #eabdcbc4
-@method_of(Module)
-def _run_backward(self: Module, grad_output):
-    "Run module backward hooks on `grad_output`, then `backward`. Containers call this on their children."
-    ### BEGIN SOLUTION
-    if self._backward_hooks:
-        for hook in tuple(self._backward_hooks.values()):
-            hook(self, grad_output)
-    return self.backward(grad_output)
-    ### END SOLUTION
-
-# %% ../nbs/00_core.ipynb #0b2961ba
-@method_of(Module)
-def _backprop(self: Module, grad_output):
-    "The whole backward pass from this module's output: returns the input gradient, then fires parameter hooks."
-    modules = [module for _, module in self.named_modules()]
-    for module in modules:  # a pass begins: saved values count their reads from here
-        module._saved.pass_reads = 0
-    try:
-        grad_input = self.run_backward(grad_output)
-    finally:
-        for module in modules:
-            module._saved.pass_reads = None
-    ### BEGIN SOLUTION
-    for param in self.parameters():
-        if param._backward_hooks:
-            for hook in tuple(param._backward_hooks.values()):
-                hook(param, param.grad)
-    ### END SOLUTION
-    return grad_input
+# %% ../nbs/00_core.ipynb #641aa0b3
+def _named_layers(layers: tuple, named_layers: dict) -> list[tuple[str, Module]]:
+    "The layers of a `Sequential` with their names: `0`, `1`, ... if passed positionally, else their keywords."
+    if layers and named_layers:
+        raise ValueError("pass layers either positionally or by name, not both")
+    pairs = list(named_layers.items()) if named_layers else [(str(i), l) for i, l in enumerate(layers)]
+    for name, layer in pairs:
+        if not isinstance(layer, Module):
+            raise TypeError(f"Sequential layer {name!r} must be a Module, got {type(layer).__name__}")
+    return pairs
 
 # %% ../nbs/00_core.ipynb #5c043436
 class Sequential(Module):
@@ -334,12 +367,7 @@ class Sequential(Module):
 
     def __init__(self, *layers: Module, **named_layers: Module):
         super().__init__()
-        if layers and named_layers:
-            raise ValueError("pass layers either positionally or by name, not both")
-        pairs = list(named_layers.items()) if named_layers else [(str(i), l) for i, l in enumerate(layers)]
-        for name, layer in pairs:
-            if not isinstance(layer, Module):
-                raise TypeError(f"Sequential layer {name!r} must be a Module, got {type(layer).__name__}")
+        pairs = _named_layers(layers, named_layers)
         self._names = [name for name, _ in pairs]
         self.layers = [layer for _, layer in pairs]
 
@@ -398,8 +426,19 @@ def optional_numba():
         return None
     return numba
 
-
+# %% ../nbs/00_core.ipynb #e61a19b9
 def kernel_input(x) -> bool:
     """True for the arrays the compiled kernels take as they are: contiguous, writeable float32 NumPy arrays (numba
     compiles once per kind of array; any other kind would cost a compilation inside a measured step)."""
     return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
+
+# %% ../nbs/00_core.ipynb #6019d777
+def method_of(cls: type, name: str | None = None):
+    """Deprecated (to be removed in the next release): define methods in the class body instead. Decorator: attach
+    the function to `cls` as the method `name` (by default its own name without the first underscore)."""
+    def add(fn):
+        method = name or fn.__name__[1:]
+        fn.__name__, fn.__qualname__ = method, f"{cls.__name__}.{method}"
+        setattr(cls, method, fn)
+        return fn
+    return add

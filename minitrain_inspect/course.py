@@ -33,7 +33,7 @@ __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LE
            'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise',
            'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
 
-# %% ../nbs/16_course.ipynb #3a3d98a0
+# %% ../nbs/16_course.ipynb #81de45b8
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
 BEGIN_SOLUTION = "### BEGIN" + " SOLUTION"
 END_SOLUTION = "### END" + " SOLUTION"
@@ -48,7 +48,7 @@ class CourseError(ValueError):
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
-
+# %% ../nbs/16_course.ipynb #fe94df85
 def stub_source(source: str, exercise: str, stem: str, where: str = "cell") -> str:
     """`source` with each solution region replaced by the stub line of `exercise` (in notebook `stem`), at the
     region's indentation. Unbalanced or nested markers raise `CourseError` naming `where` and the line."""
@@ -70,7 +70,7 @@ def stub_source(source: str, exercise: str, stem: str, where: str = "cell") -> s
         raise CourseError(f"{where}: line {opened[0]}: {BEGIN_SOLUTION} is never closed by {END_SOLUTION}")
     return "".join(out)
 
-
+# %% ../nbs/16_course.ipynb #aa3a8ee8
 def solution_regions(source: str) -> list[str]:
     "The text of each solution region of `source` (without its marker lines), in order."
     regions, current = [], None
@@ -85,7 +85,7 @@ def solution_regions(source: str) -> list[str]:
             current.append(line)
     return regions
 
-# %% ../nbs/16_course.ipynb #e54a15df
+# %% ../nbs/16_course.ipynb #1fef63dd
 def _nbformat():
     try:
         import nbformat
@@ -112,13 +112,13 @@ def read_notebook(path) -> dict:
         raise CourseError(f"{path} is not a valid notebook: {first}") from None
     return json.loads(nbformat.writes(nb))      # plain dicts and lists from here on
 
-
+# %% ../nbs/16_course.ipynb #7eee2e3f
 def cell_source(cell: dict) -> str:
     "A cell's source as one string (notebook files may store it as a list of lines)."
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else source
 
-
+# %% ../nbs/16_course.ipynb #646852aa
 def directives(source: str) -> dict[str, list[str]]:
     "The leading `#|` directives of a code cell, as nbdev reads them: `{'eval:': ['false'], 'slow': []}`."
     found = {}
@@ -135,7 +135,7 @@ def directives(source: str) -> dict[str, list[str]]:
             found[name] = args
     return found
 
-
+# %% ../nbs/16_course.ipynb #a62dd3af
 def is_skipped(source: str, skip_flags=()) -> bool:
     "True if `nbdev_test` would skip this code cell: `#| eval: false`, or a directive among `skip_flags`."
     found = directives(source)
@@ -143,7 +143,7 @@ def is_skipped(source: str, skip_flags=()) -> bool:
         return True
     return bool(set(skip_flags) & set(found)) or "nbdev_export" + "(" in source
 
-
+# %% ../nbs/16_course.ipynb #0b0dcb40
 def nbgrader_meta(cell: dict) -> dict:
     "The cell's nbgrader metadata (empty if none)."
     meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -162,7 +162,7 @@ def exercise_id(cell: dict, stem: str, index: int) -> str:
     "The id of the exercise in a solution cell: its nbgrader grade_id, else `<stem>_<index>`."
     return nbgrader_meta(cell).get("grade_id") or f"{stem}_{index}"
 
-# %% ../nbs/16_course.ipynb #6716b908
+# %% ../nbs/16_course.ipynb #6ed7eb25
 def _compilable(source: str) -> str:
     "`source` with IPython magic lines (`%`, `%%`, `!`) blanked, so plain Python can compile it."
     return "".join("\n" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines(keepends=True))
@@ -175,7 +175,7 @@ def check_compiles(source: str, where: str) -> None:
     except SyntaxError as exc:
         raise CourseError(f"{where}: line {exc.lineno}: {exc.msg}") from None
 
-
+# %% ../nbs/16_course.ipynb #be7da9b3
 def stub_notebook(nb: dict, stem: str) -> tuple[dict, list[str]]:
     """A copy of notebook `nb` (named `stem`) with every solution region stubbed and every output cleared, and the ids
     of the exercises stubbed. Raises `CourseError` naming the cell if a stubbed cell is not valid Python."""
@@ -194,7 +194,7 @@ def stub_notebook(nb: dict, stem: str) -> tuple[dict, list[str]]:
         check_compiles(source, where)
     return nb, exercises
 
-# %% ../nbs/16_course.ipynb #a61c6a1d
+# %% ../nbs/16_course.ipynb #34238e8e
 DISTINCTIVE_LENGTH = 20
 PROJECT_FILES = ("settings.ini", "setup.py", "pyproject.toml", "LICENSE")
 
@@ -204,7 +204,7 @@ def reference_root() -> Path:
     import minitrain_inspect
     return Path(minitrain_inspect.__file__).resolve().parents[1]
 
-
+# %% ../nbs/16_course.ipynb #19bae5a8
 def _is_project(folder: Path) -> bool:
     return (folder / "settings.ini").is_file() and (folder / "nbs").is_dir()
 
@@ -220,7 +220,7 @@ def find_project(start=None) -> Path:
     where = start if start is not None else "beside the package or above the current folder"
     raise CourseError(f"no course project (a folder with settings.ini and nbs/) {where}")
 
-
+# %% ../nbs/16_course.ipynb #8653f5d2
 def _settings(project: Path) -> dict:
     from configparser import ConfigParser
     config = ConfigParser(delimiters=["="])
@@ -232,7 +232,7 @@ def course_notebooks(nbs: Path) -> list[Path]:
     "The notebooks of a notebooks folder, in course order (as `nbdev_test` finds them: names starting `_` or `.` left out)."
     return sorted(p for p in Path(nbs).glob("*.ipynb") if not p.name.startswith(("_", ".")))
 
-
+# %% ../nbs/16_course.ipynb #90a48da8
 def distinctive_solution_lines(nbs, min_length: int = DISTINCTIVE_LENGTH) -> set[str]:
     """Stripped lines of the solution regions of the notebooks in `nbs` that are at least `min_length` characters
     long and occur nowhere outside the solution regions (in any cell, prose included): a release must hold none."""
@@ -247,7 +247,7 @@ def distinctive_solution_lines(nbs, min_length: int = DISTINCTIVE_LENGTH) -> set
     outside_text = "\n".join(outside)
     return {line for line in inside if len(line) >= min_length and line not in outside_text}
 
-
+# %% ../nbs/16_course.ipynb #ac079b2a
 def find_leaks(folder, lines) -> list[tuple[Path, str]]:
     "Every (file, line) where one of `lines` occurs in a text file under `folder`."
     leaks = []
@@ -261,7 +261,7 @@ def find_leaks(folder, lines) -> list[tuple[Path, str]]:
         leaks += [(path, line) for line in sorted(lines) if line in text]
     return leaks
 
-# %% ../nbs/16_course.ipynb #a19f0f2a
+# %% ../nbs/16_course.ipynb #9c11987c
 STUDENT_README = """# {title}: the course
 
 {description}.
@@ -296,13 +296,13 @@ When your work is graded, the earlier modules a notebook imports come from the r
 exercise left unfinished in one notebook costs points in that notebook only.
 """
 
-
+# %% ../nbs/16_course.ipynb #4103e700
 def student_readme(project) -> str:
     "The README of the student release, with the project's title and description from `settings.ini`."
     cfg = _settings(Path(project))
     return STUDENT_README.format(title=cfg.get("title", "minitrain-inspect"), description=cfg.get("description", "").rstrip("."))
 
-# %% ../nbs/16_course.ipynb #9a690ea2
+# %% ../nbs/16_course.ipynb #800a4891
 def _export_package(folder: Path) -> None:
     "Run `nbdev_export` in `folder`; a `CourseError` with its last line of output if it fails."
     env = {k: v for k, v in os.environ.items() if k != "IN_TEST"}
@@ -316,7 +316,7 @@ def _export_package(folder: Path) -> None:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise CourseError(f"nbdev_export failed in the release: {last}")
 
-
+# %% ../nbs/16_course.ipynb #23f5e19a
 def _check_out_dir(out_dir: Path, project: Path, force: bool) -> Path:
     out_dir = Path(out_dir).expanduser().absolute()
     resolved, project = out_dir.resolve(), project.resolve()
@@ -337,7 +337,32 @@ def _check_out_dir(out_dir: Path, project: Path, force: bool) -> Path:
         raise CourseError(f"--out {out_dir}: {exc}") from None
     return out_dir
 
+# %% ../nbs/16_course.ipynb #20f4d921
+def _stage_release(staging: Path, project: Path, stubbed: dict) -> None:
+    "Write the release into the empty folder `staging`: the `stubbed` notebooks, the packaging files, the README, the package."
+    nbformat = _nbformat()
+    (staging / "nbs").mkdir()
+    for name, nb in stubbed.items():
+        (staging / "nbs" / name).write_text(nbformat.writes(nbformat.from_dict(nb)) + "\n", encoding="utf-8")
+    for name in PROJECT_FILES:
+        if (project / name).is_file():
+            shutil.copy2(project / name, staging / name)
+    (staging / "README.md").write_text(student_readme(project), encoding="utf-8")
+    lib = _settings(project).get("lib_path", "minitrain_inspect")
+    (staging / lib).mkdir()
+    shutil.copy2(project / lib / "__init__.py", staging / lib / "__init__.py")
+    _export_package(staging)
 
+# %% ../nbs/16_course.ipynb #65b93b22
+def _check_no_leaks(staging: Path, project: Path) -> None:
+    "Raise `CourseError` if a distinctive solution line of `project`'s notebooks occurs in a file under `staging`."
+    leaks = find_leaks(staging, distinctive_solution_lines(project / "nbs"))
+    if leaks:
+        path, line = leaks[0]
+        raise CourseError(f"the release would ship a solution line ({len(leaks)} in all), e.g. {line!r} in "
+                          f"{path.relative_to(staging)}")
+
+# %% ../nbs/16_course.ipynb #c0922da6
 def release(out_dir, project=None, force: bool = False) -> Path:
     """Write the student release of the course in `project` (default: `find_project()`) to `out_dir`: stubbed
     notebooks in `nbs/`, the package exported from them, the packaging files and a student README. An existing
@@ -348,33 +373,18 @@ def release(out_dir, project=None, force: bool = False) -> Path:
     if not notebooks:
         raise CourseError(f"no notebooks in {project / 'nbs'}")
     stubbed = {p.name: stub_notebook(read_notebook(p), p.stem)[0] for p in notebooks}   # every check before any write
-    nbformat = _nbformat()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.staging-"))
     try:
-        (staging / "nbs").mkdir()
-        for name, nb in stubbed.items():
-            (staging / "nbs" / name).write_text(nbformat.writes(nbformat.from_dict(nb)) + "\n", encoding="utf-8")
-        for name in PROJECT_FILES:
-            if (project / name).is_file():
-                shutil.copy2(project / name, staging / name)
-        (staging / "README.md").write_text(student_readme(project), encoding="utf-8")
-        lib = _settings(project).get("lib_path", "minitrain_inspect")
-        (staging / lib).mkdir()
-        shutil.copy2(project / lib / "__init__.py", staging / lib / "__init__.py")
-        _export_package(staging)
-        leaks = find_leaks(staging, distinctive_solution_lines(project / "nbs"))
-        if leaks:
-            path, line = leaks[0]
-            raise CourseError(f"the release would ship a solution line ({len(leaks)} in all), e.g. {line!r} in "
-                              f"{path.relative_to(staging)}")
+        _stage_release(staging, project, stubbed)
+        _check_no_leaks(staging, project)
         replace_folder(staging, out_dir)
     finally:
         with sigint_deferred():
             shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
-# %% ../nbs/16_course.ipynb #455fc316
+# %% ../nbs/16_course.ipynb #e39740ce
 DEFAULT_TIMEOUT = 180.0     # seconds per notebook; a notebook runs in well under 60 s alone
 DEFAULT_WORKERS = 2
 
@@ -414,7 +424,7 @@ for cell in cells:
     results.write(json.dumps(record) + "\n")
 '''
 
-
+# %% ../nbs/16_course.ipynb #51a9b264
 def failure_message(record: dict) -> str:
     """One line for a failed cell's record: `Type: first line of the message`, or, for an assertion with no message,
     the line of code that failed."""
@@ -423,7 +433,7 @@ def failure_message(record: dict) -> str:
         message += f" at line {record['line']}: {record['code']}"
     return message
 
-# %% ../nbs/16_course.ipynb #663c6807
+# %% ../nbs/16_course.ipynb #46afa9eb
 @dataclass
 class CellRun:
     "What happened when a notebook's cells ran: per cell index, `(ok, message)`; the run's status and wall time."
@@ -432,7 +442,7 @@ class CellRun:
     seconds: float
     skipped: list = field(default_factory=list)
 
-
+# %% ../nbs/16_course.ipynb #a7c159cb
 def _child_env() -> dict:
     env = dict(os.environ, MPLBACKEND="Agg", IN_TEST="1", PYTHONDONTWRITEBYTECODE="1", OPENBLAS_NUM_THREADS="1",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -446,19 +456,54 @@ def _kill_group(process: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, skip_flags=("slow",),
-              children=None) -> CellRun:
-    """Run the code cells of notebook `nb` (a dict; `name` is its file name) in a subprocess, in a temporary copy's
-    folder, up to cell index `upto` (default: all), skipping what `nbdev_test` skips; killed after `timeout` s.
-    `children`, a set, holds the subprocess while it runs, so that a caller running several can kill them all."""
+# %% ../nbs/16_course.ipynb #c1075901
+def _cells_to_run(nb: dict, upto=None, skip_flags=("slow",)) -> tuple[list, list]:
+    "The code cells of `nb` up to index `upto` that `nbdev_test` would run (as `{index, source}`), and the indices it would skip."
     chosen, skipped = [], []
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code" or (upto is not None and index > upto):
             continue
         source = cell_source(cell)
         (skipped if is_skipped(source, skip_flags) else chosen).append({"index": index, "source": _compilable(source)})
-    skipped = [c["index"] for c in skipped]
+    return chosen, [c["index"] for c in skipped]
+
+# %% ../nbs/16_course.ipynb #683468a3
+def _wait_for_child(process: subprocess.Popen, timeout: float, children=None) -> str:
+    "Wait for `process` at most `timeout` s, then kill its process group whatever happened; the run's status."
+    if children is not None:
+        children.add(process)
+    try:
+        code = process.wait(timeout=timeout)
+        status = "ok" if code == 0 else f"crashed (exit code {code})"
+    except subprocess.TimeoutExpired:
+        status = f"timed out after {timeout:g} s"
+    finally:
+        _kill_group(process)            # a hung child, and anything it started
+        process.wait()
+        if children is not None:
+            children.discard(process)
+    return status
+
+# %% ../nbs/16_course.ipynb #a034bbfe
+def _read_results(results_path: Path) -> dict:
+    "Cell index -> `(ok, message)` from the child's JSON lines at `results_path` (none if it wrote nothing)."
+    results = {}
+    if results_path.exists():
+        for line in results_path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break                       # a line cut short by a crash
+            results[record["index"]] = (True, "") if record["ok"] else (False, failure_message(record))
+    return results
+
+# %% ../nbs/16_course.ipynb #0d3c9f10
+def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, skip_flags=("slow",),
+              children=None) -> CellRun:
+    """Run the code cells of notebook `nb` (a dict; `name` is its file name) in a subprocess, in a temporary copy's
+    folder, up to cell index `upto` (default: all), skipping what `nbdev_test` skips; killed after `timeout` s.
+    `children`, a set, holds the subprocess while it runs, so that a caller running several can kill them all."""
+    chosen, skipped = _cells_to_run(nb, upto, skip_flags)
     base = Path(tempfile.mkdtemp(prefix="minitrain-grade-"))
     work, results_path = base / "run", base / "results.jsonl"     # the notebook's folder holds only the notebook
     start = time.perf_counter()
@@ -470,32 +515,13 @@ def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, 
             process = subprocess.Popen([sys.executable, "-c", _CHILD, str(base / "cells.json"), str(results_path)], cwd=work,
                                        env=_child_env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-            if children is not None:
-                children.add(process)
-            try:
-                code = process.wait(timeout=timeout)
-                status = "ok" if code == 0 else f"crashed (exit code {code})"
-            except subprocess.TimeoutExpired:
-                status = f"timed out after {timeout:g} s"
-            finally:
-                _kill_group(process)            # a hung child, and anything it started
-                process.wait()
-                if children is not None:
-                    children.discard(process)
+            status = _wait_for_child(process, timeout, children)
         seconds = time.perf_counter() - start
-        results = {}
-        if results_path.exists():
-            for line in results_path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    break                       # a line cut short by a crash
-                results[record["index"]] = (True, "") if record["ok"] else (False, failure_message(record))
-        return CellRun(results=results, status=status, seconds=seconds, skipped=skipped)
+        return CellRun(results=_read_results(results_path), status=status, seconds=seconds, skipped=skipped)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-# %% ../nbs/16_course.ipynb #14bbcccb
+# %% ../nbs/16_course.ipynb #5d4f61ca
 @dataclass
 class GradedCell:
     "A graded test cell: its index in the notebook, grade id, exercise and points."
@@ -504,7 +530,7 @@ class GradedCell:
     exercise: str
     points: float
 
-
+# %% ../nbs/16_course.ipynb #aca53704
 def graded_cells(nb: dict, name: str = "notebook") -> list[GradedCell]:
     "The graded cells of notebook `nb` (nbgrader `grade: true`); a `CourseError` naming the cell if one has no id or points."
     found, seen = [], set()
@@ -523,7 +549,7 @@ def graded_cells(nb: dict, name: str = "notebook") -> list[GradedCell]:
         found.append(GradedCell(index, grade_id, exercise_of(grade_id), points))
     return found
 
-
+# %% ../nbs/16_course.ipynb #24b014e7
 @dataclass
 class ExerciseResult:
     "One exercise's grade: passed (all its graded cells passed), points earned of the maximum, first failure's message."
@@ -535,7 +561,7 @@ class ExerciseResult:
     message: str = ""
     graded: bool = True      # False: not graded here (it needs PyTorch, which this machine lacks); not in the totals
 
-
+# %% ../nbs/16_course.ipynb #506d609f
 @dataclass
 class NotebookResult:
     "One notebook's run: wall time, status (`ok`, `timed out after S s`, `crashed (exit code N)`), ungraded errors."
@@ -547,7 +573,11 @@ class NotebookResult:
     ungraded_errors: int = 0
     first_ungraded_error: str = ""
 
+# %% ../nbs/16_course.ipynb #aa110a74
+def _num(x) -> str:
+    return f"{x:g}"
 
+# %% ../nbs/16_course.ipynb #981bba51
 @dataclass
 class GradeReport:
     "The grade of a folder of notebooks: total points of the maximum, per exercise and per notebook."
@@ -580,11 +610,7 @@ class GradeReport:
                      f"({passed} of {graded} exercises passed" + (f"; {skipped} not graded: {TORCH_HINT})" if skipped else ")"))
         return "\n".join(line.rstrip() for line in lines)
 
-
-def _num(x) -> str:
-    return f"{x:g}"
-
-# %% ../nbs/16_course.ipynb #e1df8d8b
+# %% ../nbs/16_course.ipynb #0e53fd13
 TORCH_HINT = 'grade where the torch extra is installed: pip install -e ".[torch]"'
 _TORCH_GUARDS = ("torch_available()", "HAS_TORCH")
 
@@ -599,7 +625,7 @@ def torch_installed() -> bool:
     import importlib.util
     return importlib.util.find_spec("torch") is not None
 
-# %% ../nbs/16_course.ipynb #0a3bb579
+# %% ../nbs/16_course.ipynb #9b1c170b
 def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), missing=()) -> tuple[list, NotebookResult]:
     """The exercise results and the notebook result of notebook `nb` (file `name`) from its `run`; `missing` are the
     graded cells of the instructor's version that the notebook no longer has: they fail."""
@@ -629,7 +655,7 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
                             sum(e.max_points for e in exercises.values()), len(ungraded), ungraded[0] if ungraded else "")
     return list(exercises.values()), result
 
-
+# %% ../nbs/16_course.ipynb #60486d51
 def lock_graded_cells(nb: dict, reference: dict, name: str = "notebook") -> tuple[dict, list]:
     """A copy of a student's notebook `nb` whose graded cells are the instructor's, from `reference`: the student's
     cell with each graded grade_id gets the reference's source and metadata back (an edited test counts for nothing),
@@ -648,7 +674,7 @@ def lock_graded_cells(nb: dict, reference: dict, name: str = "notebook") -> tupl
             cell["metadata"]["nbgrader"] = dict(nbgrader_meta(cell), grade=False)
     return nb, [c for c in graded_cells(reference, f"reference {name}") if c.grade_id not in placed]
 
-
+# %% ../nbs/16_course.ipynb #725f421a
 def notebooks_folder(path) -> Path:
     "The notebooks of `path`: `path/nbs` for a release or project folder, else `path` itself if it holds notebooks."
     path = Path(path)
@@ -659,7 +685,7 @@ def notebooks_folder(path) -> Path:
             return folder
     raise CourseError(f"no notebooks in {path} or {path / 'nbs'}: expected a release folder or a notebooks folder")
 
-
+# %% ../nbs/16_course.ipynb #8f1e6349
 def _check_timeout(timeout) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise CourseError(f"the time limit must be a positive number of seconds, got {timeout!r}")
@@ -675,7 +701,7 @@ def _select(paths: list, only, folder: Path) -> list:
         raise CourseError(f"no notebook {missing[0]!r} in {folder} (have: {', '.join(stems)})")
     return [p for p in paths if p.stem in {Path(s).stem for s in only}]
 
-
+# %% ../nbs/16_course.ipynb #6edc4016
 def _parallel(jobs, workers: int) -> list:
     """Call each of `jobs` with a shared set of running subprocesses, `workers` at a time; results in order. On
     Ctrl-C (or any error) in the caller, every running subprocess is killed at once rather than waited for."""
@@ -693,7 +719,23 @@ def _parallel(jobs, workers: int) -> list:
                 _kill_group(process)
             raise
 
+# %% ../nbs/16_course.ipynb #6049336c
+def _grading_entries(folder: Path, ref_folder, only) -> list:
+    "(name, notebook or None when missing, missing graded cells) for each notebook of `folder` or `ref_folder` to grade."
+    names = {p.name for p in course_notebooks(folder)}
+    ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
+    entries = []
+    for p in _select([Path(n) for n in sorted(names | ref_names)], only, folder):
+        nb = read_notebook(folder / p.name) if p.name in names else None
+        ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
+        missing = graded_cells(ref, f"reference {p.name}") if ref is not None else []
+        if nb is not None and ref is not None:
+            nb, missing = lock_graded_cells(nb, ref, p.name)
+        if (nb is not None and graded_cells(nb, p.name)) or missing:
+            entries.append((p.name, nb, missing))
+    return entries
 
+# %% ../nbs/16_course.ipynb #3ee7b572
 def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFAULT_WORKERS,
           skip_flags=None, reference=None) -> GradeReport:
     """Grade the notebooks of `path` (a release folder, or a notebooks folder such as the instructor's `nbs`):
@@ -707,17 +749,7 @@ def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFA
     ref_folder = notebooks_folder(reference) if reference is not None else None
     if skip_flags is None:
         skip_flags = tuple(_settings(folder.parent).get("tst_flags", "").split()) if (folder.parent / "settings.ini").is_file() else ("slow",)
-    names = {p.name for p in course_notebooks(folder)}
-    ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
-    entries = []                                # (name, notebook or None when missing, missing graded cells)
-    for p in _select([Path(n) for n in sorted(names | ref_names)], only, folder):  # every notebook read and checked first
-        nb = read_notebook(folder / p.name) if p.name in names else None
-        ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
-        missing = graded_cells(ref, f"reference {p.name}") if ref is not None else []
-        if nb is not None and ref is not None:
-            nb, missing = lock_graded_cells(nb, ref, p.name)
-        if (nb is not None and graded_cells(nb, p.name)) or missing:
-            entries.append((p.name, nb, missing))
+    entries = _grading_entries(folder, ref_folder, only)       # every notebook read and checked first
     runs = _parallel([lambda children, nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags, children=children)
                       if nb is not None and graded_cells(nb, name) else CellRun({}, "missing" if nb is None else "ok", 0.0)
                       for name, nb, missing in entries], workers)
@@ -728,7 +760,7 @@ def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFA
         results.append(n)
     return GradeReport(sum(e.points for e in exercises), sum(e.max_points for e in exercises), exercises, results)
 
-# %% ../nbs/16_course.ipynb #e1716b73
+# %% ../nbs/16_course.ipynb #73faa9c4
 @dataclass
 class Mutation:
     "A wrong-but-plausible change to an exercise's solution: replace `old` by `new` in notebook `notebook`."
@@ -739,10 +771,22 @@ class Mutation:
     new: str
     where: str = ""
 
-
+# %% ../nbs/16_course.ipynb #81190828
 _MUTATION_KEYS = {"exercise", "name", "old", "new"}
 
 
+def _check_mutation_entry(entry, where: str) -> None:
+    "Raise `CourseError` naming `where` unless `entry` is a well-formed mutation."
+    if not isinstance(entry, dict) or set(entry) != _MUTATION_KEYS:
+        got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+        raise CourseError(f"{where}: expected the keys {sorted(_MUTATION_KEYS)}, got {got}")
+    bad = [k for k in sorted(_MUTATION_KEYS) if not isinstance(entry[k], str) or (k != "new" and not entry[k])]
+    if bad:
+        raise CourseError(f"{where}: {bad[0]!r} must be a non-empty string, got {entry[bad[0]]!r}")
+    if entry["old"] == entry["new"]:
+        raise CourseError(f"{where}: 'new' is the same as 'old': that changes nothing")
+
+# %% ../nbs/16_course.ipynb #3db1ea4c
 def load_mutations(folder, only=None) -> list[Mutation]:
     "The mutations in `folder/*.json` (one file per notebook stem), checked for shape; `only` keeps some notebooks."
     folder = Path(folder)
@@ -760,18 +804,11 @@ def load_mutations(folder, only=None) -> list[Mutation]:
             raise CourseError(f"{path}: expected a list of mutations, got {type(entries).__name__}")
         for i, entry in enumerate(entries):
             where = f"{path.name} entry {i}"
-            if not isinstance(entry, dict) or set(entry) != _MUTATION_KEYS:
-                got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-                raise CourseError(f"{where}: expected the keys {sorted(_MUTATION_KEYS)}, got {got}")
-            bad = [k for k in sorted(_MUTATION_KEYS) if not isinstance(entry[k], str) or (k != "new" and not entry[k])]
-            if bad:
-                raise CourseError(f"{where}: {bad[0]!r} must be a non-empty string, got {entry[bad[0]]!r}")
-            if entry["old"] == entry["new"]:
-                raise CourseError(f"{where}: 'new' is the same as 'old': that changes nothing")
+            _check_mutation_entry(entry, where)
             mutations.append(Mutation(path.stem, entry["exercise"], entry["name"], entry["old"], entry["new"], where))
     return mutations
 
-
+# %% ../nbs/16_course.ipynb #54edb182
 def solution_cells(nb: dict, stem: str) -> dict[str, list[int]]:
     "Exercise id -> indices of the code cells holding its solution regions, in notebook `nb` (named `stem`)."
     found = {}
@@ -780,7 +817,7 @@ def solution_cells(nb: dict, stem: str) -> dict[str, list[int]]:
             found.setdefault(exercise_id(cell, stem, index), []).append(index)
     return found
 
-
+# %% ../nbs/16_course.ipynb #afe6f7c4
 def apply_mutation(nb: dict, mutation: Mutation) -> dict:
     """A copy of `nb` with `mutation` applied inside its exercise's solution region. `CourseError` if the exercise
     is unknown or `old` does not occur exactly once in that exercise's solution regions."""
@@ -799,7 +836,7 @@ def apply_mutation(nb: dict, mutation: Mutation) -> dict:
     nb["cells"][index]["source"] = source.replace(region, region.replace(mutation.old, mutation.new), 1)
     return nb
 
-# %% ../nbs/16_course.ipynb #c30b7494
+# %% ../nbs/16_course.ipynb #128ddf14
 @dataclass
 class MutantResult:
     "The outcome of one mutation: `killed`, `survived`, `invalid` or `not checked` (it needs PyTorch), with the failure that killed it."
@@ -810,14 +847,14 @@ class MutantResult:
     message: str = ""
     seconds: float = 0.0
 
-
+# %% ../nbs/16_course.ipynb #5e82c82b
 def _last_graded(nb: dict, exercise: str, name: str) -> int:
     cells = [c.index for c in graded_cells(nb, name) if c.exercise == exercise]
     if not cells:
         raise CourseError(f"{name}: exercise {exercise!r} has no graded cells to kill a mutant")
     return max(cells)
 
-
+# %% ../nbs/16_course.ipynb #88d805f4
 def _exercise_failure(nb: dict, name: str, exercise: str, run: CellRun):
     "The first failing graded cell of `exercise` in `run` as a message, or None if they all passed."
     for c in graded_cells(nb, name):
@@ -827,13 +864,26 @@ def _exercise_failure(nb: dict, name: str, exercise: str, run: CellRun):
                 return f"{c.grade_id}: {message}"
     return None
 
-
+# %% ../nbs/16_course.ipynb #2a40ce28
 def _untestable_here(nb: dict, name: str, exercise: str) -> bool:
     "True when `exercise`'s graded cells check only with PyTorch and this machine has none: nothing can fail them here."
     return not torch_installed() and any(needs_torch(cell_source(nb["cells"][c.index]))
                                          for c in graded_cells(nb, name) if c.exercise == exercise)
 
+# %% ../nbs/16_course.ipynb #6d0ce314
+def _mutant_outcome(nb: dict, name: str, m: Mutation, run, baseline) -> MutantResult:
+    "The outcome of mutation `m` from its `run` and the unmutated `baseline` run of notebook `nb` (run None: it needs PyTorch)."
+    if run is None:
+        return MutantResult(m.notebook, m.exercise, m.name, "not checked", f"it needs PyTorch ({TORCH_HINT})", 0.0)
+    unmutated = _exercise_failure(nb, name, m.exercise, baseline)
+    failure = _exercise_failure(nb, name, m.exercise, run)
+    if unmutated is not None:
+        outcome, message = "invalid", f"fails unmutated too: {unmutated}"
+    else:
+        outcome, message = ("killed", failure) if failure is not None else ("survived", "")
+    return MutantResult(m.notebook, m.exercise, m.name, outcome, message, round(run.seconds, 2))
 
+# %% ../nbs/16_course.ipynb #88d0697e
 def run_mutants(mutations, project=None, timeout: float = DEFAULT_TIMEOUT, workers: int = DEFAULT_WORKERS) -> list[MutantResult]:
     """Apply each of `mutations` to the instructor's notebook in `project/nbs` and run it up to the exercise's last
     graded cell: `killed` if one of those cells fails; `invalid` if one fails unmutated too. Checks all of them first."""
@@ -860,22 +910,10 @@ def run_mutants(mutations, project=None, timeout: float = DEFAULT_TIMEOUT, worke
     runs = _parallel([job for job in jobs if job is not None], workers)
     runs = [None if job is None else runs.pop(0) for job in jobs[:len(mutations)]] + runs
     baselines = dict(zip(stems, runs[len(mutations):]))
-    results = []
-    for m, run in zip(mutations, runs):
-        nb, name = notebooks[m.notebook], f"{m.notebook}.ipynb"
-        if run is None:
-            results.append(MutantResult(m.notebook, m.exercise, m.name, "not checked", f"it needs PyTorch ({TORCH_HINT})", 0.0))
-            continue
-        unmutated = _exercise_failure(nb, name, m.exercise, baselines[m.notebook])
-        failure = _exercise_failure(nb, name, m.exercise, run)
-        if unmutated is not None:
-            outcome, message = "invalid", f"fails unmutated too: {unmutated}"
-        else:
-            outcome, message = ("killed", failure) if failure is not None else ("survived", "")
-        results.append(MutantResult(m.notebook, m.exercise, m.name, outcome, message, round(run.seconds, 2)))
-    return results
+    return [_mutant_outcome(notebooks[m.notebook], f"{m.notebook}.ipynb", m, run, baselines.get(m.notebook))
+            for m, run in zip(mutations, runs)]
 
-
+# %% ../nbs/16_course.ipynb #05c3a1e9
 def stub_exercise(nb: dict, stem: str, exercise: str) -> dict:
     "A copy of notebook `nb` (named `stem`) with only `exercise`'s solution regions stubbed, as a student starts it."
     cells = solution_cells(nb, stem)
@@ -886,7 +924,21 @@ def stub_exercise(nb: dict, stem: str, exercise: str) -> dict:
         nb["cells"][index]["source"] = stub_source(cell_source(nb["cells"][index]), exercise, stem, f"{stem}.ipynb cell {index}")
     return nb
 
+# %% ../nbs/16_course.ipynb #9e14f698
+def _stub_outcome(stem: str, exercise: str, own: list, earlier: list, run: CellRun) -> MutantResult:
+    "The stub check of `exercise`: `killed` if its `own` graded cells all fail in `run` and the `earlier` ones pass."
+    passing = [c.grade_id for c in own if run.results.get(c.index, (False, ""))[0]]
+    broken = [(c.grade_id, run.results.get(c.index, (False, run.status))[1]) for c in earlier
+              if not run.results.get(c.index, (False, ""))[0]]
+    if passing:
+        outcome, message = "survived", f"passes without the solution: {', '.join(passing)}"
+    elif broken:
+        outcome, message = "breaks-earlier", f"{broken[0][0]} (before the exercise) fails: {broken[0][1]}"
+    else:
+        outcome, message = "killed", ""
+    return MutantResult(stem, exercise, "solution stubbed", outcome, message, round(run.seconds, 2))
 
+# %% ../nbs/16_course.ipynb #f79d89ae
 def run_stub_checks(project=None, only=None, exercises=None, timeout: float = DEFAULT_TIMEOUT,
                     workers: int = DEFAULT_WORKERS) -> list[MutantResult]:
     """The stub check of every exercise of the instructor's notebooks (`only`: some notebooks by stem; `exercises`:
@@ -909,21 +961,9 @@ def run_stub_checks(project=None, only=None, exercises=None, timeout: float = DE
             checks.append((stem, exercise, own, earlier))
             jobs.append(lambda children, nb=stubbed, name=path.name, upto=max(c.index for c in own):
                         run_cells(nb, name, timeout, upto=upto, children=children))
-    results = []
-    for (stem, exercise, own, earlier), run in zip(checks, _parallel(jobs, workers)):
-        passing = [c.grade_id for c in own if run.results.get(c.index, (False, ""))[0]]
-        broken = [(c.grade_id, run.results.get(c.index, (False, run.status))[1]) for c in earlier
-                  if not run.results.get(c.index, (False, ""))[0]]
-        if passing:
-            outcome, message = "survived", f"passes without the solution: {', '.join(passing)}"
-        elif broken:
-            outcome, message = "breaks-earlier", f"{broken[0][0]} (before the exercise) fails: {broken[0][1]}"
-        else:
-            outcome, message = "killed", ""
-        results.append(MutantResult(stem, exercise, "solution stubbed", outcome, message, round(run.seconds, 2)))
-    return results
+    return [_stub_outcome(*check, run) for check, run in zip(checks, _parallel(jobs, workers))]
 
-
+# %% ../nbs/16_course.ipynb #94792273
 def exercises_without_mutation(project=None, mutations=None) -> list[tuple[str, str]]:
     "(notebook, exercise) of every exercise of the instructor's notebooks that no mutation targets."
     project = find_project(project)
@@ -934,7 +974,7 @@ def exercises_without_mutation(project=None, mutations=None) -> list[tuple[str, 
     return [(p.stem, e) for p in course_notebooks(project / "nbs") for e in solution_cells(read_notebook(p), p.stem)
             if (p.stem, e) not in covered]
 
-
+# %% ../nbs/16_course.ipynb #1cf64916
 def sample_mutations(mutations, k=None, seed: int = 0) -> list[Mutation]:
     "`k` of `mutations` drawn at random with `seed` (all of them if `k` is None), in their original order."
     if k is None or k >= len(mutations):

@@ -20,7 +20,7 @@ __all__ = ['VOWELS', 'PAD', 'SYMBOLS', 'N_SYMBOLS', 'MAX_LEMMA_LEN', 'MAX_PAST_L
            'check_symbol_indices', 'decode_word', 'one_hot', 'Split', 'PastTenseData', 'make_dataset', 'Batch',
            'iterate_batches']
 
-# %% ../nbs/05_data.ipynb #b6cf22db
+# %% ../nbs/05_data.ipynb #3b1572e6
 VOWELS = frozenset("aeiou")
 
 
@@ -34,7 +34,7 @@ def syllable_count(word: str) -> int:
         previous_vowel = is_vowel
     return groups
 
-
+# %% ../nbs/05_data.ipynb #b6cf22db
 def regular_past_tense(lemma: str) -> str:
     "Past tense of a regular verb by the spelling rules (stress-dependent doubling in longer verbs is not covered)."
     if not isinstance(lemma, str) or not lemma.isalpha() or not lemma.islower() or not lemma.isascii():
@@ -87,7 +87,8 @@ unwind:unwound uphold:upheld upset:upset wake:woke waylay:waylaid wear:wore weep
 wind:wound withdraw:withdrew withhold:withheld withstand:withstood wring:wrung write:wrote
 """
 
-_REGULAR = """
+# %% ../nbs/05_data.ipynb #af042b8a
+_REGULAR_A_TO_D = """
 abandon abet:abetted abhor:abhorred abolish absorb abstain abuse accept acclaim accommodate
 accompany accomplish account accrue accumulate accuse achieve acknowledge acquaint acquire act
 activate adapt add address adjust administer admire admit:admitted adopt adore adorn advertise
@@ -126,6 +127,10 @@ discuss disguise disgust dislike dismay dismiss dispel:dispelled display dispose
 dissolve distill distort distract distribute disturb ditch dither diversify divide divorce doctor
 dodge dominate donate doom dot double doubt download drag drain drape drawl dream dress dribble
 drift drill drip drizzle drool drop drown drum dry dub duel dump duplicate dust dwindle dye earn
+"""
+
+# %% ../nbs/05_data.ipynb #760fa503
+_REGULAR_E_TO_O = """
 echo edit educate elbow elect electrify elevate elicit eliminate embark embarrass embed:embedded
 embellish embody embrace emerge emit:emitted emphasize employ empty emulate enact encounter
 encourage encroach end endeavor endow endure energize engage enhance enjoy enlarge enlist enrage
@@ -166,6 +171,10 @@ neglect negotiate nest nestle net nibble nip nod nominate note notice notify nou
 nurture nuzzle obey object oblige obscure observe obsess obstruct obtain occupy occur:occurred
 offend offer officiate omit:omitted open operate oppose oppress orbit orchestrate order organize
 originate outstrip:outstripped outwit:outwitted overlap:overlapped overstep:overstepped owe own pace
+"""
+
+# %% ../nbs/05_data.ipynb #bdd4135e
+_REGULAR_P_TO_R = """
 pacify pack pad paddle page paint pamper pan pander panic pant paralyze pardon park parody part
 participate pass paste pat patch patrol:patrolled patronize pause paw peck pedal peddle peek peel
 peep peg pencil penetrate perch perform perish perk permit:permitted persist personify perspire
@@ -188,6 +197,10 @@ reproach request require rescue research resemble resent reserve reside resist r
 respect rest restore restrain restrict resume retain retch retire retreat retrieve return reveal
 revel review revise revive revolve reward rig rinse riot rip ripen ripple risk rival rivet roam roar
 roast rob rock rocket roll romp rot rotate round row rub ruffle ruin rule rumble rupture rush rust
+"""
+
+# %% ../nbs/05_data.ipynb #24ce5dd4
+_REGULAR_S_TO_Z = """
 sack sadden saddle sag sail salute sample sanction satisfy saturate save savor scamper scan scar
 scare scatter scoff scold score scorn scour scout scowl scramble scrap scrape scratch scream screw
 scribble scroll scrub scrutinize scuffle scurry seal search season seat secure seed seem seep select
@@ -223,6 +236,8 @@ wish wither wobble wonder work worry worsen wrangle wrap wreck wrestle wriggle w
 yearn yell yelp yodel zap zip zoom
 """
 
+_REGULAR = _REGULAR_A_TO_D + _REGULAR_E_TO_O + _REGULAR_P_TO_R + _REGULAR_S_TO_Z
+
 # %% ../nbs/05_data.ipynb #a356c99b
 @dataclass(frozen=True)
 class Verb:
@@ -231,7 +246,7 @@ class Verb:
     past: str
     regular: bool
 
-
+# %% ../nbs/05_data.ipynb #9b478e21
 class Lexicon:
     "Verbs by lemma. Unknown lemmas raise `ValueError` naming them."
 
@@ -278,7 +293,7 @@ class Lexicon:
         "The irregular verbs, in lexicon order."
         return [v for v in self if not v.regular]
 
-
+# %% ../nbs/05_data.ipynb #9b260e9d
 def _parse(block: str, regular: bool) -> list[Verb]:
     verbs = []
     for token in block.split():
@@ -302,7 +317,7 @@ MAX_LEMMA_LEN = 12
 MAX_PAST_LEN = 14
 _INDEX = {ch: i for i, ch in enumerate(SYMBOLS) if i != PAD}
 
-
+# %% ../nbs/05_data.ipynb #916698d3
 def encode_word(word: str, max_len: int) -> np.ndarray:
     "Symbol indices of `word`, padded with `PAD` to `max_len`."
     if not isinstance(word, str):
@@ -318,7 +333,7 @@ def encode_word(word: str, max_len: int) -> np.ndarray:
     out[: len(word)] = [_INDEX[ch] for ch in word]
     return out
 
-
+# %% ../nbs/05_data.ipynb #7835d0f2
 def check_symbol_indices(indices, caller: str, ndim: int) -> np.ndarray:
     "`indices` as an integer array of `ndim` axes whose values lie in `[0, N_SYMBOLS)`; a clear error otherwise."
     arr = np.asarray(indices)
@@ -337,7 +352,7 @@ def check_symbol_indices(indices, caller: str, ndim: int) -> np.ndarray:
                          f"is outside the valid range [0, {N_SYMBOLS})")
     return arr
 
-
+# %% ../nbs/05_data.ipynb #d3116916
 def decode_word(indices) -> str:
     "The word spelled by a 1-D sequence of symbol indices, up to the first padding symbol."
     chars = []
@@ -347,7 +362,7 @@ def decode_word(indices) -> str:
         chars.append(SYMBOLS[i])
     return "".join(chars)
 
-
+# %% ../nbs/05_data.ipynb #2a025aca
 def one_hot(indices: np.ndarray, dtype=DEFAULT_DTYPE) -> np.ndarray:
     "One-hot encode `(N, L)` symbol indices into a flat `(N, L * N_SYMBOLS)` array."
     indices = check_symbol_indices(indices, "one_hot", ndim=2)
@@ -383,7 +398,19 @@ class Split:
         return cls(np.array(lemmas, dtype=str), np.array(pasts, dtype=str), one_hot(src, dtype), tgt,
                    np.array([v.regular for v in verbs], dtype=bool))
 
+# %% ../nbs/05_data.ipynb #8b7f1944
+def _stratified_split(lexicon: Lexicon, val_fraction: float, keep: set, rng: np.random.Generator) -> tuple[list, list]:
+    "Training and held-out verbs, each class (regular, irregular) split by `val_fraction`; the verbs of `keep` all train."
+    train, val = [], []
+    for group in (lexicon.regular, lexicon.irregular):
+        candidates = [v for v in group if v.lemma not in keep]
+        order = rng.permutation(len(candidates))
+        n_val = int(round(val_fraction * len(group)))
+        val += [candidates[i] for i in order[:n_val]]
+        train += [candidates[i] for i in order[n_val:]] + [v for v in group if v.lemma in keep]
+    return train, val
 
+# %% ../nbs/05_data.ipynb #1a6f7517
 @dataclass
 class PastTenseData:
     "Training and held-out examples."
@@ -400,17 +427,10 @@ def make_dataset(val_fraction: float = 0.2, seed: int = 0, keep_in_train: Iterab
     keep = set(keep_in_train)
     for lemma in keep:
         lexicon[lemma]  # unknown lemmas raise here, naming the verb
-    rng = np.random.default_rng(seed)
-    train, val = [], []
-    for group in (lexicon.regular, lexicon.irregular):
-        candidates = [v for v in group if v.lemma not in keep]
-        order = rng.permutation(len(candidates))
-        n_val = int(round(val_fraction * len(group)))
-        val += [candidates[i] for i in order[:n_val]]
-        train += [candidates[i] for i in order[n_val:]] + [v for v in group if v.lemma in keep]
+    train, val = _stratified_split(lexicon, val_fraction, keep, np.random.default_rng(seed))
     return PastTenseData(Split.from_verbs(train, dtype), Split.from_verbs(val, dtype))
 
-# %% ../nbs/05_data.ipynb #742d29e2
+# %% ../nbs/05_data.ipynb #ec1f0db7
 class Batch(NamedTuple):
     "One batch: model inputs, target indices, the lemma (verb label) of each example, and its regularity."
     inputs: np.ndarray
@@ -418,7 +438,7 @@ class Batch(NamedTuple):
     lemmas: np.ndarray
     regular: np.ndarray
 
-
+# %% ../nbs/05_data.ipynb #cd4cb797
 def iterate_batches(split: Split, batch_size: int, steps: int, seed: int = 0) -> Iterator[Batch]:
     "Yield `steps` batches of `batch_size` examples, reshuffling every epoch with a generator seeded by `seed`."
     for label, value in (("batch_size", batch_size), ("steps", steps)):
@@ -432,9 +452,9 @@ def iterate_batches(split: Split, batch_size: int, steps: int, seed: int = 0) ->
         raise ValueError(f"steps must be non-negative, got {steps}")
     return _shuffled_batches(split, batch_size, steps, np.random.default_rng(seed))
 
-
+# %% ../nbs/05_data.ipynb #742d29e2
 def _shuffled_batches(split: Split, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[Batch]:
-    # A separate generator function, so that bad arguments fail at the call, not at the first batch.
+    "Yield `steps` batches of `batch_size` examples of `split`, in a fresh order from `rng` at the start of every epoch."
     ### BEGIN SOLUTION
     per_epoch = len(split) // batch_size
     order, position = None, per_epoch

@@ -31,7 +31,7 @@ __all__ = ['SKIP_WHEN_EXECUTING', 'MATHJAX', 'MARKER', 'Page', 'read_notebook', 
            'execute_notebook', 'has_math', 'package_name', 'page_html', 'site_css', 'local_files', 'check_site_folder',
            'build_site']
 
-# %% ../nbs/17_docsite.ipynb #bebb8616
+# %% ../nbs/17_docsite.ipynb #c3b3cc8d
 @dataclass
 class Page:
     "One notebook of the course and the page it becomes: `stem` (`10_inspect`), `source` (the .ipynb), `title`, `summary`, `module`."
@@ -46,7 +46,7 @@ class Page:
         "The page's file name in the site: `<stem>.html` (`index.html` for the index)."
         return f"{self.stem}.html"
 
-
+# %% ../nbs/17_docsite.ipynb #dcacfecf
 def read_notebook(path) -> dict:
     "The notebook at `path` as a dict (nbformat 4); a ValueError naming the file if it is not a readable notebook."
     path = Path(path)
@@ -60,7 +60,7 @@ def read_notebook(path) -> dict:
         raise ValueError(f"{path}: not an nbformat 4 notebook (expected a JSON object with a list of cells)")
     return nb
 
-# %% ../nbs/17_docsite.ipynb #1dbeed2a
+# %% ../nbs/17_docsite.ipynb #ae2707f3
 def _text(cell: dict) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
@@ -70,7 +70,7 @@ def _plain(markdown: str) -> str:
     "A line of markdown as plain text: the title of a browser tab has no backticks or stars."
     return re.sub(r"[`*]", "", markdown).strip()
 
-
+# %% ../nbs/17_docsite.ipynb #5cbb088c
 def describe_notebook(path, nb: dict | None = None) -> Page:
     "The `Page` of the notebook at `path`: title and summary from its first H1 and `>` line, module from its `default_exp` directive."
     path = Path(path)
@@ -88,7 +88,7 @@ def describe_notebook(path, nb: dict | None = None) -> Page:
             module = found.group(1) if found else None
     return Page(path.stem, path, title, summary, module)
 
-
+# %% ../nbs/17_docsite.ipynb #ad83819c
 def course_pages(nbs_path) -> list[Page]:
     "The `Page` of every notebook in the folder `nbs_path`, in course order: the index first, then by file name."
     nbs = Path(nbs_path)
@@ -100,7 +100,7 @@ def course_pages(nbs_path) -> list[Page]:
     notebooks.sort(key=lambda p: (p.stem != "index", p.name))
     return [describe_notebook(p) for p in notebooks]
 
-# %% ../nbs/17_docsite.ipynb #4c403b75
+# %% ../nbs/17_docsite.ipynb #b7045ec5
 _NOTEBOOK_LINK = re.compile(r"(?:\./|nbs/)?(?P<stem>[^/#?:\"'<>]+)\.ipynb(?P<anchor>#[^\"'<>]*)?")
 
 
@@ -111,7 +111,7 @@ def notebook_href(target: str, stems) -> str | None:
         return None
     return f"{found['stem']}.html{found['anchor'] or ''}"
 
-# %% ../nbs/17_docsite.ipynb #940d4721
+# %% ../nbs/17_docsite.ipynb #e72f152a
 _HREF = re.compile(r"""(\shref=)(["'])(.*?)\2""", re.S)
 _LINK_OR_CODE = re.compile(r"(<a\b.*?</a>|<pre\b.*?</pre>)|<code>([^<]+)</code>", re.S)
 
@@ -129,7 +129,7 @@ def rewrite_links(body: str, stems, current: str | None = None) -> str:
 
     return _LINK_OR_CODE.sub(code, _HREF.sub(href, body))
 
-# %% ../nbs/17_docsite.ipynb #69367d5e
+# %% ../nbs/17_docsite.ipynb #9247250c
 _DIRECTIVE = re.compile(r"^\s*#\|\s?(.*?)\s*$")
 
 
@@ -143,7 +143,7 @@ def split_directives(source: str) -> tuple[list[str], str]:
             lines.pop(0)      # a blank line between two directives
     return directives, "".join(lines)
 
-
+# %% ../nbs/17_docsite.ipynb #dae0367c
 def prepare_notebook(nb: dict) -> dict:
     "A copy of `nb` for reading: `#| hide` cells dropped, code cells without their `#|` directives, empty code cells dropped."
     nb = copy.deepcopy(nb)
@@ -158,7 +158,12 @@ def prepare_notebook(nb: dict) -> dict:
     nb["cells"] = cells
     return nb
 
-# %% ../nbs/17_docsite.ipynb #4ae87926
+# %% ../nbs/17_docsite.ipynb #23a1eb80
+def _as_text(element) -> str:
+    "nbconvert's `clean_html` filter without the sanitiser: the element as text (SVG outputs arrive as bytes)."
+    return element.decode("utf-8") if isinstance(element, bytes) else str(element)
+
+# %% ../nbs/17_docsite.ipynb #bbda13e2
 class PageBodyExporter(HTMLExporter):
     "nbconvert's HTMLExporter for a page's body: basic template, no prompts, no sanitiser, no BeautifulSoup pass."
 
@@ -172,19 +177,14 @@ class PageBodyExporter(HTMLExporter):
         self.register_filter("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
         return TemplateExporter.from_notebook_node(self, nb, resources, **kw)   # HTMLExporter's, minus its soup
 
-
-def _as_text(element) -> str:
-    "nbconvert's `clean_html` filter without the sanitiser: the element as text (SVG outputs arrive as bytes)."
-    return element.decode("utf-8") if isinstance(element, bytes) else str(element)
-
-
+# %% ../nbs/17_docsite.ipynb #9abcfdc5
 def render_body(nb: dict, exporter=None) -> str:
     "The HTML fragment of the notebook `nb` (a dict), rendered by nbconvert's basic template without prompts."
     exporter = exporter or PageBodyExporter()
     body, _ = exporter.from_notebook_node(rejoin_lines(nbformat.from_dict(copy.deepcopy(nb))))
     return body
 
-
+# %% ../nbs/17_docsite.ipynb #1a6fb168
 SKIP_WHEN_EXECUTING = ("slow", "eval: false")
 
 
@@ -206,7 +206,7 @@ def execute_notebook(nb: dict, cwd, timeout: int = 600) -> dict:
             cell["outputs"], cell["execution_count"] = done.outputs, done.execution_count
     return out
 
-# %% ../nbs/17_docsite.ipynb #385ec4c1
+# %% ../nbs/17_docsite.ipynb #f0631844
 MATHJAX = ('<script>window.MathJax = {tex: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true}};</script>\n'
            '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"></script>\n')
 _MATH = re.compile(r"\$[^$\n]+\$|\\\(|\\\[|\\begin\{")
@@ -216,14 +216,14 @@ def has_math(nb: dict) -> bool:
     "Whether any markdown cell of `nb` holds LaTeX (`$...$`, `\\(`, `\\[`, `\\begin{`)."
     return any(c.get("cell_type") == "markdown" and _MATH.search(_text(c)) for c in nb["cells"])
 
-
+# %% ../nbs/17_docsite.ipynb #5e91f570
 def _nav_label(page: Page) -> str:
     if page.stem == "index":
         return "Introduction"
     number = page.stem.split("_", 1)[0]
     return f"{number} {page.title}" if number.isdigit() else page.title
 
-
+# %% ../nbs/17_docsite.ipynb #652e908d
 def package_name(nbs_path) -> str | None:
     "The package the notebooks in `nbs_path` export to (`lib_path` in the project's settings.ini beside it), if known."
     settings = configparser.ConfigParser()
@@ -233,26 +233,41 @@ def package_name(nbs_path) -> str | None:
         return None
     return settings["DEFAULT"].get("lib_path") or None
 
-
-def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_name: str = "nbs",
-              package: str | None = None) -> str:
-    "The whole HTML page of `page`: sidebar over `pages` with `page` marked, source line, `body`, previous/next links."
-    e = html.escape
-    at = [p.stem for p in pages].index(page.stem)
-    site = pages[0].title if pages[0].stem == "index" else "Course"
-    current = ' aria-current="page"'
-    items = "\n".join(
+# %% ../nbs/17_docsite.ipynb #32feb34e
+def _sidebar_items(page: Page, pages: list[Page]) -> str:
+    "The sidebar's list items: every page of `pages`, `page` marked as the current one."
+    e, current = html.escape, ' aria-current="page"'
+    return "\n".join(
         f'<li><a href="{p.filename}"{current if p.stem == page.stem else ""} title="{e(p.summary)}">{e(_nav_label(p))}</a></li>'
         for p in pages)
+
+# %% ../nbs/17_docsite.ipynb #4ea91b8a
+def _pager(page: Page, pages: list[Page]) -> str:
+    "The links to the pages before and after `page` in `pages` (none before the first, none after the last)."
+    e, at = html.escape, [p.stem for p in pages].index(page.stem)
     links = []
     if at > 0:
         links.append(f'<a class="prev" rel="prev" href="{pages[at - 1].filename}">&larr; {e(_nav_label(pages[at - 1]))}</a>')
     if at + 1 < len(pages):
         links.append(f'<a class="next" rel="next" href="{pages[at + 1].filename}">{e(_nav_label(pages[at + 1]))} &rarr;</a>')
-    pager = f'<nav class="pager" aria-label="Previous and next">{"".join(links)}</nav>'
+    return f'<nav class="pager" aria-label="Previous and next">{"".join(links)}</nav>'
+
+# %% ../nbs/17_docsite.ipynb #5530fb8b
+def _source_note(page: Page, nbs_name: str, package: str | None) -> str:
+    "The line naming the notebook of `page` (in the folder `nbs_name`) and the module it exports (in `package`)."
+    e = html.escape
     source = f"Notebook <code>{e(nbs_name)}/{e(page.source.name)}</code>"
     if page.module:
         source += f", exported as the module <code>{e(f'{package}.{page.module}' if package else page.module)}</code>"
+    return source
+
+# %% ../nbs/17_docsite.ipynb #53871f2f
+def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_name: str = "nbs",
+              package: str | None = None) -> str:
+    "The whole HTML page of `page`: sidebar over `pages` with `page` marked, source line, `body`, previous/next links."
+    e = html.escape
+    site = pages[0].title if pages[0].stem == "index" else "Course"
+    items, pager, source = _sidebar_items(page, pages), _pager(page, pages), _source_note(page, nbs_name, package)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -281,7 +296,7 @@ def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_
 </html>
 """
 
-# %% ../nbs/17_docsite.ipynb #4420f9ae
+# %% ../nbs/17_docsite.ipynb #919a5eb5
 _LAYOUT_CSS = """\
 :root { --nav: 17rem; --accent: #1f5f99; --rule: #dcdfe6; }
 * { box-sizing: border-box; }
@@ -326,13 +341,13 @@ img { max-width: 100%; height: auto; }
 }
 """
 
-
+# %% ../nbs/17_docsite.ipynb #3556c053
 def site_css() -> str:
     "The site's stylesheet: the layout, and Pygments' colours for highlighted code (`.highlight`)."
     from pygments.formatters import HtmlFormatter   # installed with nbconvert
     return _LAYOUT_CSS + "\n/* code highlighting (Pygments, default style) */\n" + HtmlFormatter(style="default").get_style_defs(".highlight") + "\n"
 
-# %% ../nbs/17_docsite.ipynb #54635018
+# %% ../nbs/17_docsite.ipynb #7739b37d
 _LOCAL_REF = re.compile(r"""\s(?:src|href)=(["'])(.*?)\1""", re.S)
 
 
@@ -349,7 +364,7 @@ def local_files(body: str, folder) -> list[str]:
             found.append(target)
     return found
 
-# %% ../nbs/17_docsite.ipynb #0ac0497b
+# %% ../nbs/17_docsite.ipynb #29405b1a
 MARKER = ".minitrain-docsite"
 
 
@@ -380,7 +395,7 @@ def check_site_folder(out_dir, nbs_path=None) -> Path:
         raise ValueError(f"{what}: folder {existing} is not writable")
     return out
 
-
+# %% ../nbs/17_docsite.ipynb #e195f9d6
 def _staging_folder(out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -388,29 +403,33 @@ def _staging_folder(out: Path) -> Path:
     except OSError as exc:
         raise ValueError(f"cannot build the site in {out}: cannot create a folder in {out.parent} ({exc.strerror})") from None
 
-# %% ../nbs/17_docsite.ipynb #4b4dfa5e
+# %% ../nbs/17_docsite.ipynb #84a8af91
+def _write_page(page: Page, pages: list[Page], staging: Path, nbs: Path, exporter, package, execute: bool) -> None:
+    "Render `page` (one of `pages`, from the folder `nbs`) into `staging`, with the files it refers to; `execute` runs it first."
+    nb = read_notebook(page.source)
+    if execute:
+        try:
+            nb = execute_notebook(nb, nbs)
+        except ValueError as exc:
+            raise ValueError(f"{page.source}: {exc}") from None
+    body = rewrite_links(render_body(prepare_notebook(nb), exporter), {p.stem for p in pages}, current=page.stem)
+    for name in local_files(body, nbs):
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(nbs / name, staging / name)
+    (staging / page.filename).write_text(page_html(page, pages, body, has_math(nb), nbs.name, package), encoding="utf-8")
+
+# %% ../nbs/17_docsite.ipynb #82136476
 def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
     """Render every notebook in `nbs_path` into a static site in `out_dir` (replaced as a whole, atomically) and return
     the pages' paths, index first. `execute=True` runs each notebook (in `nbs_path`) first to show its outputs."""
     pages = course_pages(nbs_path)
     nbs = Path(nbs_path).resolve()
     out = check_site_folder(out_dir, nbs)
-    stems = {p.stem for p in pages}
     exporter, package = PageBodyExporter(), package_name(nbs)
     staging = _staging_folder(out)
     try:
         for page in pages:
-            nb = read_notebook(page.source)
-            if execute:
-                try:
-                    nb = execute_notebook(nb, nbs)
-                except ValueError as exc:
-                    raise ValueError(f"{page.source}: {exc}") from None
-            body = rewrite_links(render_body(prepare_notebook(nb), exporter), stems, current=page.stem)
-            for name in local_files(body, nbs):
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(nbs / name, staging / name)
-            (staging / page.filename).write_text(page_html(page, pages, body, has_math(nb), nbs.name, package), encoding="utf-8")
+            _write_page(page, pages, staging, nbs, exporter, package, execute)
         (staging / "style.css").write_text(site_css(), encoding="utf-8")
         (staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
                                       encoding="utf-8")

@@ -12,7 +12,7 @@ from .core import DEFAULT_DTYPE, Module, Parameter, as_float_dtype
 # %% auto #0
 __all__ = ['check_input', 'check_float_array', 'Linear', 'ReLU', 'Tanh', 'Dropout', 'LayerNorm']
 
-# %% ../nbs/01_layers.ipynb #817c3ccc
+# %% ../nbs/01_layers.ipynb #9b076d07
 def check_input(x, layer: Module, features: int | None, dtype: np.dtype) -> np.ndarray:
     "Return `x` if it is a float array of `dtype` whose last axis has `features` entries; raise otherwise."
     if not isinstance(x, np.ndarray):
@@ -23,7 +23,7 @@ def check_input(x, layer: Module, features: int | None, dtype: np.dtype) -> np.n
         raise ValueError(f"{type(layer).__name__} expects input with last axis {features}, got shape {x.shape}")
     return x
 
-
+# %% ../nbs/01_layers.ipynb #d2b434e1
 def check_float_array(x, layer: Module) -> np.ndarray:
     "Return `x` if it is a float32 or float64 array; raise `TypeError` otherwise (for layers of any width)."
     if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
@@ -31,7 +31,18 @@ def check_float_array(x, layer: Module) -> np.ndarray:
                         f"got {getattr(x, 'dtype', type(x).__name__)}")
     return x
 
+# %% ../nbs/01_layers.ipynb #96e5f9dd
+_INIT_SCALES = {"he": 2.0, "xavier": 1.0}
 
+
+def _initial_weight(in_features: int, out_features: int, init: str, rng, dtype) -> np.ndarray:
+    "An `(in, out)` weight drawn from N(0, scale / in), scale 2 for `he` (ReLU) or 1 for `xavier` (tanh), in `dtype`."
+    if init not in _INIT_SCALES:
+        raise ValueError(f"init must be one of {sorted(_INIT_SCALES)}, got {init!r}")
+    dtype = as_float_dtype(dtype)
+    rng = np.random.default_rng(rng)
+    std = np.sqrt(_INIT_SCALES[init] / in_features)
+    return (rng.standard_normal((in_features, out_features)) * std).astype(dtype)
 
 # %% ../nbs/01_layers.ipynb #78afd192
 class Linear(Module):
@@ -43,15 +54,10 @@ class Linear(Module):
         for label, value in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Linear {label} must be a positive integer, got {value!r}")
-        scales = {"he": 2.0, "xavier": 1.0}
-        if init not in scales:
-            raise ValueError(f"init must be one of {sorted(scales)}, got {init!r}")
-        dtype = as_float_dtype(dtype)
-        rng = np.random.default_rng(rng)
-        std = np.sqrt(scales[init] / in_features)
+        weight = _initial_weight(in_features, out_features, init, rng, dtype)
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.weight = Parameter((rng.standard_normal((in_features, out_features)) * std).astype(dtype))
-        self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
+        self.weight = Parameter(weight)
+        self.bias = Parameter(np.zeros(out_features, dtype=weight.dtype)) if bias else None
 
     def forward(self, x):
         "`x @ weight + bias`, saving `x` for backward."
@@ -120,15 +126,20 @@ class Tanh(Module):
         return grad_output * (1 - y * y)
         ### END SOLUTION
 
+# %% ../nbs/01_layers.ipynb #ba2cc7ce
+def _drop_probability(p) -> float:
+    "`p` as a float if it lies in [0, 1); a `ValueError` otherwise."
+    if not (0.0 <= float(p) < 1.0):
+        raise ValueError(f"Dropout p must lie in [0, 1), got {p!r}")
+    return float(p)
+
 # %% ../nbs/01_layers.ipynb #a85425b0
 class Dropout(Module):
     "Zero each entry with probability `p` in training mode (scaling the rest by `1/(1-p)`); identity in eval mode."
 
     def __init__(self, p: float = 0.5, *, rng: np.random.Generator | int | None = 0):
         super().__init__()
-        if not (0.0 <= float(p) < 1.0):
-            raise ValueError(f"Dropout p must lie in [0, 1), got {p!r}")
-        self.p = float(p)
+        self.p = _drop_probability(p)
         self.rng = np.random.default_rng(rng)
 
     def forward(self, x):
@@ -162,6 +173,14 @@ class Dropout(Module):
         "The constructor arguments, for `repr`."
         return f"p={self.p}"
 
+# %% ../nbs/01_layers.ipynb #8b5c519e
+def _normalize(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    "`x` normalised over its last axis, `(x - mean) / sqrt(var + eps)`, and `1 / sqrt(var + eps)` (shape `(..., 1)`)."
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    inv_std = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    return xc * inv_std, inv_std
+
 # %% ../nbs/01_layers.ipynb #3aeef5cd
 class LayerNorm(Module):
     "Normalise over the last axis, then scale by `weight` and shift by `bias`."
@@ -180,10 +199,7 @@ class LayerNorm(Module):
     def forward(self, x):
         "Normalise over the last axis, then scale and shift, saving what backward needs."
         check_input(x, self, self.features, self.weight.dtype)
-        mu = x.mean(axis=-1, keepdims=True)
-        xc = x - mu
-        inv_std = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + self.eps)
-        x_hat = xc * inv_std
+        x_hat, inv_std = _normalize(x, self.eps)
         self.save_for_backward(x_hat, inv_std)
         return x_hat * self.weight.data + self.bias.data
 

@@ -15,7 +15,7 @@ from .data import IRREGULAR_VERBS, REGULAR_VERBS, Lexicon, load_lexicon
 # %% auto #0
 __all__ = ['mean_by_class', 'class_masks', 'partition_batch_loss']
 
-# %% ../nbs/06_per_class_loss.ipynb #2d141a68
+# %% ../nbs/06_per_class_loss.ipynb #b487c7ee
 def _check_labels(verb_labels) -> list[str]:
     "`verb_labels` as a list of str; TypeError for a single string or a label that is not a string."
     if isinstance(verb_labels, (str, bytes)):
@@ -27,7 +27,7 @@ def _check_labels(verb_labels) -> list[str]:
         raise TypeError(f"verb labels must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
     return labels
 
-
+# %% ../nbs/06_per_class_loss.ipynb #91c1b3e2
 def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray, list[str]]:
     loss = np.asarray(per_example_loss)
     if loss.dtype.kind not in "fiu":
@@ -49,15 +49,9 @@ def _check_losses_and_labels(per_example_loss, verb_labels) -> tuple[np.ndarray,
                          f"the first {loss[i]} at index {i} (verb {labels[i]!r})")
     return loss, labels
 
-# %% ../nbs/06_per_class_loss.ipynb #b5066423
-def _mean_or_nan(values: np.ndarray) -> float:
-    ### BEGIN SOLUTION
-    return float(values.mean(dtype=np.float64)) if values.size else math.nan
-    ### END SOLUTION
-
-
-def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: np.ndarray) -> tuple[float, float]:
-    "Means of the losses selected by two boolean masks, as Python floats (`nan` for an empty mask)."
+# %% ../nbs/06_per_class_loss.ipynb #05981f69
+def _check_class_masks(per_example_loss, regular, irregular) -> np.ndarray:
+    "`per_example_loss` as an array, if it is 1-D and finite and both masks are boolean arrays of its shape; else ValueError."
     loss = np.asarray(per_example_loss)
     if loss.ndim != 1:
         raise ValueError(f"per_example_loss must be 1-D (one loss per example), got shape {loss.shape}")
@@ -68,6 +62,18 @@ def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: 
         total = float(loss.sum(dtype=np.float64)) if loss.size else 0.0
     if not math.isfinite(total) and not np.isfinite(loss).all():
         raise ValueError(f"per_example_loss has {int((~np.isfinite(loss)).sum())} non-finite value(s)")
+    return loss
+
+# %% ../nbs/06_per_class_loss.ipynb #b5066423
+def _mean_or_nan(values: np.ndarray) -> float:
+    ### BEGIN SOLUTION
+    return float(values.mean(dtype=np.float64)) if values.size else math.nan
+    ### END SOLUTION
+
+
+def mean_by_class(per_example_loss: np.ndarray, regular: np.ndarray, irregular: np.ndarray) -> tuple[float, float]:
+    "Means of the losses selected by two boolean masks, as Python floats (`nan` for an empty mask)."
+    loss = _check_class_masks(per_example_loss, regular, irregular)
     ### BEGIN SOLUTION
     return _mean_or_nan(loss[regular]), _mean_or_nan(loss[irregular])
     ### END SOLUTION
@@ -94,7 +100,7 @@ def _lexicon_masks(labels: list[str], lexicon: Lexicon | None) -> tuple[np.ndarr
     return regular, ~regular
     ### END SOLUTION
 
-# %% ../nbs/06_per_class_loss.ipynb #cd8c0e1a
+# %% ../nbs/06_per_class_loss.ipynb #a8082454
 def class_masks(verb_labels: Sequence[str], *, by: str = "lab",
                 lexicon: Lexicon | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks `(regular, irregular)` of the examples, from their lemmas.
@@ -108,7 +114,7 @@ def class_masks(verb_labels: Sequence[str], *, by: str = "lab",
         return _lexicon_masks(labels, lexicon)
     raise ValueError(f"by must be 'lab' or 'lexicon', got {by!r}")
 
-
+# %% ../nbs/06_per_class_loss.ipynb #32cb5fd5
 def partition_batch_loss(per_example_loss: np.ndarray, verb_labels: Sequence[str], *, by: str = "lab",
                          lexicon: Lexicon | None = None) -> tuple[float, float]:
     """Return `(mean_loss_regular, mean_loss_irregular)` as Python floats; `nan` for a class absent from the batch

@@ -23,7 +23,7 @@ __all__ = ['TORCH_VERSION', 'INSTALL_HINT', 'SUPPORTED_LAYERS', 'TorchMissingErr
            'to_numpy_layout', 'record_masks', 'replay_masks', 'torch_per_example_loss', 'torch_loss', 'torch_optimizer',
            'torch_step']
 
-# %% ../nbs/12_twin.ipynb #d1120297
+# %% ../nbs/12_twin.ipynb #4f31ed47
 TORCH_VERSION = "2.13.0"
 INSTALL_HINT = f'pip install "minitrain-inspect[torch]" (or: pip install torch=={TORCH_VERSION})'
 
@@ -36,7 +36,7 @@ def torch_available() -> bool:
     "True if PyTorch can be imported (checked without importing it)."
     return importlib.util.find_spec("torch") is not None
 
-
+# %% ../nbs/12_twin.ipynb #be5855b1
 def require_torch():
     "The `torch` module, or `TorchMissingError` saying how to install the optional extra."
     try:
@@ -45,11 +45,9 @@ def require_torch():
         raise TorchMissingError(f"this needs PyTorch, which is not installed: {INSTALL_HINT}") from None
     return torch
 
-# %% ../nbs/12_twin.ipynb #8d06a956
-@functools.lru_cache(maxsize=1)
-def torch_modules() -> dict:
-    "The twin's own `torch.nn.Module` classes, `ReplayDropout` and `PastTenseTwin` (made once, on first use)."
-    torch = require_torch()
+# %% ../nbs/12_twin.ipynb #576a72c0
+def _replay_dropout_class(torch) -> type:
+    "The class `ReplayDropout`, a `torch.nn.Module` (defined inside a function: it needs `torch`)."
 
     class ReplayDropout(torch.nn.Module):
         "Dropout that keeps the units it is told to keep (`push_keep`), scaling them by its own `1/(1-p)`."
@@ -78,6 +76,12 @@ def torch_modules() -> dict:
         def extra_repr(self):
             return f"p={self.p}"
 
+    return ReplayDropout
+
+# %% ../nbs/12_twin.ipynb #7fb182d1
+def _past_tense_twin_class(torch) -> type:
+    "The class `PastTenseTwin`, a `torch.nn.Module` (defined inside a function: it needs `torch`)."
+
     class PastTenseTwin(torch.nn.Module):
         "The past-tense model in PyTorch: `mlp(x) + copy(x)`."
 
@@ -88,7 +92,14 @@ def torch_modules() -> dict:
         def forward(self, x):
             return self.mlp(x) + self.copy(x)
 
-    return {"ReplayDropout": ReplayDropout, "PastTenseTwin": PastTenseTwin}
+    return PastTenseTwin
+
+# %% ../nbs/12_twin.ipynb #aa85667f
+@functools.lru_cache(maxsize=1)
+def torch_modules() -> dict:
+    "The twin's own `torch.nn.Module` classes, `ReplayDropout` and `PastTenseTwin` (made once, on first use)."
+    torch = require_torch()
+    return {"ReplayDropout": _replay_dropout_class(torch), "PastTenseTwin": _past_tense_twin_class(torch)}
 
 # %% ../nbs/12_twin.ipynb #a7a0f9ca
 SUPPORTED_LAYERS = (Linear, ReLU, Tanh, LayerNorm, Dropout, Sequential, PastTenseModel)
@@ -156,7 +167,7 @@ def _twin_of(module: Module, name: str, dtype, memo: dict):
     memo[id(module)] = twin
     return twin
 
-# %% ../nbs/12_twin.ipynb #dd1993b8
+# %% ../nbs/12_twin.ipynb #3d444101
 def _model_dtype(model: Module) -> np.dtype:
     params = model.parameters()
     return params[0].dtype if params else np.dtype(np.float32)
@@ -172,7 +183,7 @@ def torch_dtype(dtype):
         raise TypeError(f"the twin works in float32 or float64, got {dtype!r}")
     return table[dt]
 
-
+# %% ../nbs/12_twin.ipynb #5d3b1404
 def to_torch(model: Module, dtype=None):
     "A `torch.nn.Module` mirroring `model` (same names, weights, train/eval mode), in `dtype` (default: the model's)."
     if not isinstance(model, Module):
@@ -182,7 +193,7 @@ def to_torch(model: Module, dtype=None):
     twin.minitrain_model = model  # a plain attribute: lets param_pairs and torch_optimizer pair by name
     return twin
 
-# %% ../nbs/12_twin.ipynb #e33ccca4
+# %% ../nbs/12_twin.ipynb #ede1cd6f
 class ParamPair(NamedTuple):
     "A minitrain parameter, its PyTorch counterpart, and whether the PyTorch tensor is the transpose (Linear weights)."
     name: str
@@ -190,7 +201,7 @@ class ParamPair(NamedTuple):
     tensor: object
     transposed: bool
 
-
+# %% ../nbs/12_twin.ipynb #7e2a99c5
 def _minitrain_of(torch_model) -> Module:
     model = getattr(torch_model, "minitrain_model", None)
     if not isinstance(model, Module):
@@ -211,13 +222,13 @@ def param_pairs(torch_model) -> list[ParamPair]:
         pairs.append(ParamPair(name, p, tensors[name], owners[id(p)]))
     return pairs
 
-
+# %% ../nbs/12_twin.ipynb #9333a521
 def to_numpy_layout(tensor, transposed: bool = False) -> np.ndarray:
     "A detached NumPy copy of `tensor`, transposed back to minitrain's layout if `transposed`."
     a = tensor.detach().cpu().numpy()
     return np.array(a.T if transposed else a, copy=True)
 
-# %% ../nbs/12_twin.ipynb #fb3d681b
+# %% ../nbs/12_twin.ipynb #d82701d2
 @contextlib.contextmanager
 def record_masks(model: Module) -> Iterator[dict]:
     "Collect `{dropout name: [keep pattern of each training-mode call]}` while the body runs forward passes."
@@ -240,7 +251,7 @@ def record_masks(model: Module) -> Iterator[dict]:
         for h in handles:
             h.remove()
 
-
+# %% ../nbs/12_twin.ipynb #7738c503
 def replay_masks(torch_model, masks: dict) -> None:
     "Queue recorded keep patterns (`record_masks`) in the twin's `ReplayDropout` layers, by name."
     layers = {n: m for n, m in torch_model.named_modules() if type(m).__name__ == "ReplayDropout"}
@@ -267,36 +278,46 @@ def torch_per_example_loss(logits, targets):
     return per_position.reshape(n, -1).mean(dim=1)
     ### END SOLUTION
 
-
+# %% ../nbs/12_twin.ipynb #b7606d17
 def torch_loss(logits, targets):
     "Softmax cross-entropy with minitrain's reduction: per-position loss, mean over each example's positions, then over the batch."
     return torch_per_example_loss(logits, targets).mean()
 
-# %% ../nbs/12_twin.ipynb #a9e2e788
+# %% ../nbs/12_twin.ipynb #f980b567
+def _optimizer_pairs(optimizer: Optimizer, torch_model) -> list[ParamPair]:
+    "The twin's parameter pairs in the order of `optimizer.params`; `ValueError` if one is not a parameter of the twin's model."
+    by_param = {id(pair.param): pair for pair in param_pairs(torch_model)}
+    missing = [i for i, p in enumerate(optimizer.params) if id(p) not in by_param]
+    if missing:
+        raise ValueError(f"optimizer parameters {missing} (by position) are not parameters of the twin's model")
+    return [by_param[id(p)] for p in optimizer.params]
+
+
+def _as_torch(array: np.ndarray, pair: ParamPair):
+    "A copy of `array` (a state of `pair.param`, in minitrain's layout) as a tensor in the layout and dtype of `pair.tensor`."
+    torch = require_torch()
+    return torch.tensor(np.ascontiguousarray(array.T if pair.transposed else array), dtype=pair.tensor.dtype)
+
+# %% ../nbs/12_twin.ipynb #4be96d0e
 def torch_optimizer(optimizer: Optimizer, torch_model):
     "The `torch.optim` optimiser (SGD with momentum, or Adam) doing what minitrain's `optimizer` does, with its state."
     torch = require_torch()
     if not isinstance(optimizer, (SGD, Adam)):
         raise TypeError(f"torch_optimizer supports minitrain SGD and Adam, got {type(optimizer).__name__}")
-    by_param = {id(pair.param): pair for pair in param_pairs(torch_model)}
-    missing = [i for i, p in enumerate(optimizer.params) if id(p) not in by_param]
-    if missing:
-        raise ValueError(f"optimizer parameters {missing} (by position) are not parameters of the twin's model")
-    pairs = [by_param[id(p)] for p in optimizer.params]
+    pairs = _optimizer_pairs(optimizer, torch_model)
     tensors = [pair.tensor for pair in pairs]
-    as_torch = lambda a, pair: torch.tensor(np.ascontiguousarray(a.T if pair.transposed else a), dtype=pair.tensor.dtype)
     if isinstance(optimizer, SGD):
         opt = torch.optim.SGD(tensors, lr=optimizer.lr, momentum=optimizer.momentum, foreach=False)
         if optimizer.velocity is not None and optimizer.steps:
             for pair, v in zip(pairs, optimizer.velocity):
-                opt.state[pair.tensor]["momentum_buffer"] = as_torch(v, pair)
+                opt.state[pair.tensor]["momentum_buffer"] = _as_torch(v, pair)
     else:
         opt = torch.optim.Adam(tensors, lr=optimizer.lr, betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.eps,
                                foreach=False)
         if optimizer.steps:
             for pair, m, s in zip(pairs, optimizer.m, optimizer.s):
-                opt.state[pair.tensor].update(step=torch.tensor(float(optimizer.steps)), exp_avg=as_torch(m, pair),
-                                              exp_avg_sq=as_torch(s, pair))
+                opt.state[pair.tensor].update(step=torch.tensor(float(optimizer.steps)), exp_avg=_as_torch(m, pair),
+                                              exp_avg_sq=_as_torch(s, pair))
     return opt
 
 # %% ../nbs/12_twin.ipynb #001dbc77
