@@ -21,14 +21,14 @@ __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION'
            'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram',
            'unit_summary']
 
-# %% ../nbs/09_panels.ipynb #a87ada81
+# %% ../nbs/09_panels.ipynb #0f02476e
 def _check_step(step) -> int:
     "A step number: a non-negative integer (not a bool)."
     if type(step) is int and step >= 0:  # the common case, checked first because schedules run on every step
         return step
     return check_int(step, "a step", minimum=0)
 
-
+# %% ../nbs/09_panels.ipynb #64bbae75
 class Every:
     "Due at steps 0, n, 2n, ..."
 
@@ -109,10 +109,10 @@ def as_schedule(spec) -> Every | LogSchedule:
     raise ValueError(f"a schedule is a positive int, 'log', 'every N', 'log R dense D', Every(n) or LogSchedule(...), "
                      f"got {spec!r}")
 
-# %% ../nbs/09_panels.ipynb #7bdb2e6d
+# %% ../nbs/09_panels.ipynb #78758c10
 MAX_POINTS_LIMIT = 1_000_000  # the largest max_points a History accepts (and loads)
 
-
+# %% ../nbs/09_panels.ipynb #7bdb2e6d
 class ThinnedSeries:
     "Points `(step, value)` thinned by halving whenever `max_points` is reached, so memory stays bounded."
 
@@ -155,7 +155,7 @@ class ThinnedSeries:
     def __repr__(self):
         return f"{type(self).__name__}({len(self)} points, stride {self.stride}, max_points {self.max_points})"
 
-
+# %% ../nbs/09_panels.ipynb #a5950fec
 def _same_values(a: list, b: list) -> bool:
     "Equal lists of values, where NaN equals NaN (a missing measurement is the same in both)."
     if len(a) != len(b):
@@ -181,11 +181,11 @@ class BoundedSeries(ThinnedSeries):
             self.values[-1] = value  # the same step again: the latest value wins
         ### END SOLUTION
 
-# %% ../nbs/09_panels.ipynb #34e2e5c4
+# %% ../nbs/09_panels.ipynb #26972ee3
 HISTORY_FORMAT = "minitrain-inspect history"
 HISTORY_VERSION = 2
 
-
+# %% ../nbs/09_panels.ipynb #3aaaabaa
 def _clean_value(value):
     """A value as stored in a series: a float (None -> NaN, ±inf -> ±FLOAT64_MAX) or a list of those; anything else
     raises TypeError. Saturating ±inf, as the statistics do, keeps a huge value a huge number through a save (JSON
@@ -204,7 +204,7 @@ def _clean_value(value):
         return [_clean_value(v) if not isinstance(v, (list, tuple, np.ndarray)) else _not_a_value(value) for v in value]
     return _not_a_value(value)
 
-
+# %% ../nbs/09_panels.ipynb #f4770e6b
 def _not_a_value(value):
     raise TypeError(f"a value must be a number, None (null) or a flat list of those, got {value!r}")
 
@@ -302,7 +302,7 @@ class History(HistoryFiles):
     def __repr__(self):
         return f"History({len(self.series)} series, {self.points()} points, max_points {self.max_points})"
 
-# %% ../nbs/09_panels.ipynb #5a165d92
+# %% ../nbs/09_panels.ipynb #ccddd1ba
 def _parse_line(path: Path, number: int, line: str) -> dict:
     "One line as a JSON object (strict: no NaN or Infinity tokens), or a ValueError naming file and line."
     def no_constants(token):
@@ -315,7 +315,7 @@ def _parse_line(path: Path, number: int, line: str) -> dict:
         raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
     return row
 
-
+# %% ../nbs/09_panels.ipynb #8a4ef04d
 def _field(path: Path, number: int, row: dict, name: str, kind, what: str):
     "`row[name]`, checked to be of type `kind` (bool is never an int here)."
     if name not in row:
@@ -423,23 +423,23 @@ def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tup
     return sigma, x
     ### END SOLUTION
 
-# %% ../nbs/09_panels.ipynb #c4cc4419
+# %% ../nbs/09_panels.ipynb #5ec89dfb
 SATURATION = 0.97  # |tanh| above this is saturated: local gradient 1 - a^2 < 0.06
 UNIT_KINDS = ("relu", "tanh")
 
-
+# %% ../nbs/09_panels.ipynb #11ad8531
 class UnitHealth(NamedTuple):
     "Shares of stuck units (stuck for every example: dead ReLU, saturated tanh) and of stuck outputs; NaN if undefined."
     units: float
     outputs: float
 
-
+# %% ../nbs/09_panels.ipynb #e47a972d
 def _check_kind(kind) -> str:
     if kind not in UNIT_KINDS:
         raise ValueError(f"unit health is defined for 'relu' and 'tanh', got {kind!r}")
     return kind
 
-
+# %% ../nbs/09_panels.ipynb #c4cc4419
 def unit_health(output, kind: str) -> UnitHealth:
     """For ReLU: the share of units (last axis) that are <= 0 for every example, and the share of outputs <= 0.
     For tanh: the same with |a| > SATURATION. NaN outputs are left out; both shares are NaN if nothing is left."""
@@ -460,10 +460,10 @@ def unit_health(output, kind: str) -> UnitHealth:
     return UnitHealth(np.count_nonzero(stuck_units) / np.count_nonzero(units), np.count_nonzero(stuck) / outputs)
     ### END SOLUTION
 
-# %% ../nbs/09_panels.ipynb #6e1e7f66
+# %% ../nbs/09_panels.ipynb #5df05112
 ACTIVATION_RANGES = {"relu": (0.0, 4.0), "tanh": (-1.0, 1.0)}
 
-
+# %% ../nbs/09_panels.ipynb #ef65162c
 class Histogram(NamedTuple):
     "Fractions of the non-NaN values in each bin, below and above the range; and how many values were NaN."
     fractions: np.ndarray
@@ -471,13 +471,13 @@ class Histogram(NamedTuple):
     above: float
     nan: int
 
-
+# %% ../nbs/09_panels.ipynb #4caf9cee
 def histogram_edges(kind: str, bins: int = 40) -> np.ndarray:
     "The `bins + 1` fixed bin edges for an activation kind ('relu' or 'tanh')."
     lo, hi = ACTIVATION_RANGES[_check_kind(kind)]
     return np.linspace(lo, hi, check_int(bins, "bins", minimum=1) + 1)
 
-# %% ../nbs/09_panels.ipynb #314cad3f
+# %% ../nbs/09_panels.ipynb #4fdce807
 def _bin_positions(x: np.ndarray, lo: float, hi: float, bins: int, dtype) -> np.ndarray:
     "`(x - lo) * bins / (hi - lo)` for a 1-D array, in `dtype` (a bin index needs no float64); one pass when lo is 0."
     with np.errstate(over="ignore"):  # a huge value may overflow its position to ±inf: it is then simply out of range
@@ -487,7 +487,7 @@ def _bin_positions(x: np.ndarray, lo: float, hi: float, bins: int, dtype) -> np.
             return position
         return np.multiply(x, bins / hi, dtype=dtype)   # a range from 0 (ReLU's): one pass fewer
 
-
+# %% ../nbs/09_panels.ipynb #0d2fbf7a
 def _bin_counts(index: np.ndarray, bins: int) -> np.ndarray:
     """How often each of 0 .. bins-1 occurs in the 1-D uint8 array `index` (bins <= 256). One `np.bincount` over the
     values taken two at a time, as uint16 (a + 256 b), counts half as many items: the counts of one value of each pair
@@ -501,7 +501,7 @@ def _bin_counts(index: np.ndarray, bins: int) -> np.ndarray:
         counts[index[-1]] += 1
     return counts
 
-# %% ../nbs/09_panels.ipynb #de834df0
+# %% ../nbs/09_panels.ipynb #10b30600
 def _checked_extremes(extremes) -> tuple[float, float] | None:
     "`extremes` as a pair of floats `(min, max)`, or None; anything else raises, naming it."
     if extremes is None:
@@ -514,7 +514,7 @@ def _checked_extremes(extremes) -> tuple[float, float] | None:
         raise ValueError(f"extremes must be (min, max) with min <= max, got {extremes!r}")
     return smallest, largest
 
-
+# %% ../nbs/09_panels.ipynb #378bf479
 def _position_extremes(position: np.ndarray, extremes, same_dtype: bool, lo: float, hi: float, bins: int, dtype) -> tuple[float, float]:
     "The smallest and largest position: from the caller's exact `extremes` when it can (no pass), else by two passes."
     if extremes is not None and same_dtype and position.size and not math.isnan(sum(extremes)):
