@@ -23,7 +23,7 @@ from .layers import Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .panels import unit_health
 from .stats import atomic_write_text, check_int, to_jsonable
-from .train import TrainConfig, TrainResult, evaluating, run_data
+from .train import TrainConfig, TrainResult, blas_threads, evaluating, run_data
 from .train import train as _train
 
 # %% auto #0
@@ -298,11 +298,13 @@ def _probe_measure(plan: ProbePlan, seen: dict, logits: np.ndarray, loss: float,
 
 
 def probe(model: Module, inputs: np.ndarray, targets: np.ndarray, *, loss_fn: Module | None = None,
-          plan: ProbePlan | None = None) -> Probe:
-    "One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused; see `Probe`."
+          plan: ProbePlan | None = None, threads: int = 1) -> Probe:
+    """One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused, under
+    `threads` BLAS threads (as `train` pins them); see `Probe`."""
     plan = ProbePlan.of(model) if plan is None else plan
     loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
-    seen, logits, loss, grads = _probe_pass(model, inputs, targets, loss_fn, plan)
+    with blas_threads(threads):
+        seen, logits, loss, grads = _probe_pass(model, inputs, targets, loss_fn, plan)
     return _probe_measure(plan, seen, logits, loss, grads, len(inputs))
 
 # %% ../nbs/15_diagnose.ipynb #042bb3a9
@@ -415,8 +417,9 @@ def check_no_learning(losses: Sequence[float], steps: int, th: DiagnosticThresho
 def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: int = 0, losses: Sequence[float] | None = None,
              new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
              thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
-             plan: ProbePlan | None = None, clock=time.perf_counter) -> DiagnosticReport:
-    "Run the protocol on the fixed batch `inputs`/`targets` and the losses so far; returns a `DiagnosticReport`."
+             plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1) -> DiagnosticReport:
+    """Run the protocol on the fixed batch `inputs`/`targets` and the losses so far; returns a `DiagnosticReport`. The
+    probe runs under `threads` BLAS threads."""
     start = clock()
     th = DiagnosticThresholds() if thresholds is None else thresholds
     if not isinstance(th, DiagnosticThresholds):
@@ -431,7 +434,7 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
         losses = list(history.get("loss/train")[1]) if history is not None else []
     losses = [float(x) for x in losses]
     new = len(losses) if new is None else check_int(new, "new", 0, len(losses))
-    pr = probe(model, inputs, targets, loss_fn=loss_fn, plan=plan)
+    pr = probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
     checks = [check_growth(pr, th), *check_gradients(pr, th),
               check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
@@ -498,7 +501,7 @@ def _diagnose_now(self: Diagnoser, step: int) -> DiagnosticReport:
     report = diagnose(self.run.model, self.inputs, self.targets, step=step, losses=self.losses,
                       new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
                       history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
-                      loss_fn=self.loss_fn, plan=self.plan)
+                      loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1))
     if not self.reports:
         self.start_eval_loss = report.eval_loss
     self.reports.append(report)

@@ -319,15 +319,17 @@ class Tracer(_TracerHooks, _TracerWiring):
 
 # %% ../nbs/14_trace.ipynb #4740c9c8
 def minitrain_step(model: Module, loss_fn: Module, optimizer: Optimizer, inputs: np.ndarray,
-                   targets: np.ndarray) -> float:
-    "One training step as `train` takes it (zero grads, forward, loss, backprop, update); returns the loss."
-    model.zero_grad()
-    logits = model(inputs)
-    loss = loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"loss is {loss}")
-    model.backprop(loss_fn.backward().reshape(logits.shape))
-    optimizer.step()
+                   targets: np.ndarray, *, threads: int | None = 1) -> float:
+    """One training step as `train` takes it (zero grads, forward, loss, backprop, update), under `threads` BLAS threads
+    as `train` pins them (`None`: the caller's setting, for a caller that pinned them already); returns the loss."""
+    with contextlib.nullcontext() if threads is None else blas_threads(threads):
+        model.zero_grad()
+        logits = model(inputs)
+        loss = loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss}")
+        model.backprop(loss_fn.backward().reshape(logits.shape))
+        optimizer.step()
     return loss
 
 # %% ../nbs/14_trace.ipynb #aea48550
@@ -974,9 +976,15 @@ def _diverged_at(step: int, whose: str = "the "):
 # %% ../nbs/14_trace.ipynb #33a0ce10
 def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compare: str = "float64",
                resync: bool = False, loss_fn: Module | None = None, ref_dtype=None,
-               meta: dict | None = None) -> tuple[Trace, Trace]:
+               meta: dict | None = None, threads: int = 1) -> tuple[Trace, Trace]:
     """Trace `model` and a reference (`compare`) over `batches`, free-running or re-synced; returns `(trace, reference)`.
-    The reference computes in `ref_dtype`: by default float64 for `compare="float64"`, the model's dtype for `"torch"`."""
+    The reference computes in `ref_dtype`: by default float64 for `compare="float64"`, the model's dtype for `"torch"`.
+    Every step runs under `threads` BLAS threads, as `train` runs it."""
+    with blas_threads(threads):
+        return _trace_pair(model, optimizer, batches, compare, resync, loss_fn, ref_dtype, meta)
+
+
+def _trace_pair(model, optimizer, batches, compare, resync, loss_fn, ref_dtype, meta) -> tuple[Trace, Trace]:
     loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
     _check_training_mode(model)
     dtype = str(model.parameters()[0].dtype)
@@ -990,7 +998,7 @@ def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compar
             tracer.step = k
             shadow, fresh = shadow_optimizer(optimizer, model)   # the optimiser's state before this step
             with _diverged_at(k), record_masks(model) as masks, tracer.attach(model, loss_fn, optimizer):
-                minitrain_step(model, loss_fn, optimizer, inputs, targets)
+                minitrain_step(model, loss_fn, optimizer, inputs, targets, threads=None)
             with _diverged_at(k, "the reference's "):
                 step_events = ref.step(k, inputs, targets, masks)
             ref_events += step_events
@@ -1082,7 +1090,8 @@ def sweep(config: TrainConfig, *, compare: str = "float64", batches: int = 1, st
             model, optimizer, loss_fn = build_run(config)
             meta = {"config": asdict(config), "seed": config.seed, "batch": i}
             try:
-                a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta)
+                a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta,
+                                  threads=config.blas_threads)
             except FloatingPointError as exc:
                 if not hasattr(exc, "step"):
                     raise
@@ -1153,13 +1162,13 @@ def trace_cost(config: TrainConfig | None = None, repeats: int = 7) -> dict:
     model, optimizer, loss_fn = build_run(config)
     times = {"plain": [], "traced": []}
     with blas_threads(config.blas_threads):
-        minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets)   # warm up
+        minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets, threads=None)   # warm up
         for _ in range(repeats):
             for variant in ("plain", "traced"):
                 buf = TraceBuffer()
                 tracer = Tracer(buf).attach(model, loss_fn, optimizer) if variant == "traced" else None
                 start = time.perf_counter()
-                minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets)
+                minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets, threads=None)
                 times[variant].append(time.perf_counter() - start)
                 if tracer is not None:
                     tracer.remove()
