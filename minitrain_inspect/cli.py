@@ -25,10 +25,10 @@ from .train import TrainConfig, train
 from .course import DEFAULT_TIMEOUT, DEFAULT_WORKERS
 
 # %% auto #0
-__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish',
+__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'SUBCOMMANDS', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish',
            'train_summary', 'main']
 
-# %% ../nbs/18_cli.ipynb #1d9c9feb
+# %% ../nbs/18_cli.ipynb #6fae417a
 PROG = "minitrain-inspect"
 
 
@@ -38,7 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{PROG}: error: {message}\n")
 
-
+# %% ../nbs/18_cli.ipynb #fb8d5686
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
@@ -54,19 +54,15 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=d.dtype, help="float32 or float64 (default float32)")
     p.add_argument("--eval-every", type=int, default=d.eval_every,
                    help=f"steps between held-out evaluations (default {d.eval_every})")
-    _add_blas_flag(p)
+    p.add_argument("--blas-threads", type=int, default=d.blas_threads, metavar="N",
+                   help="threads of the BLAS library during training (default 1: reproducible, and fastest here)")
     p.add_argument("--diagnose-every", type=int, default=d.diagnose_every, metavar="N",
                    help="diagnose the run's health every N steps (default: never)")
     p.add_argument("--early-stop", action="store_true",
                    help="end the run cleanly when a diagnosis fails or the loss is not finite")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-
-def _add_blas_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--blas-threads", type=int, default=TrainConfig().blas_threads, metavar="N",
-                   help="threads of the BLAS library during training (default 1: reproducible, and fastest here)")
-
-
+# %% ../nbs/18_cli.ipynb #a1dc8fd9
 def _config(args) -> TrainConfig:
     return TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                        momentum=args.momentum, seed=args.seed, hidden=tuple(args.hidden), activation=args.activation,
@@ -74,32 +70,34 @@ def _config(args) -> TrainConfig:
                        blas_threads=args.blas_threads, progress=not args.quiet, diagnose_every=args.diagnose_every,
                        early_stop=args.early_stop)
 
-# %% ../nbs/18_cli.ipynb #14b3f697
+# %% ../nbs/18_cli.ipynb #e7bbc8b5
 DEMO_DIAGNOSE_EVERY = 50
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `overhead`, `trace`,
-    `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
-    parser = OneLineParser(prog=PROG, description="Train a NumPy model of English past tenses and see inside the run.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+def _add_train_command(sub) -> None:
     t = sub.add_parser("train", help="train the past-tense model and print the results",
                        description="Train the past-tense model and print the results.")
     _add_train_flags(t)
     t.add_argument("--inspect", action="store_true", help="attach an Inspector; --json output then carries its snapshot")
     t.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+# %% ../nbs/18_cli.ipynb #872994db
+def _add_demo_command(sub) -> None:
     d = sub.add_parser("demo", help="train with the Inspector on; write the dashboard, the history and results.md",
                        description="Train the past-tense model with the Inspector on, then write dashboard.png, "
                                    "history.jsonl, snapshot.json and results.md (with the overhead benchmark) to DIR.")
     d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the outputs (created if needed)")
     _add_train_flags(d)
     d.add_argument("--budget", type=float, default=None, help="budget guard for the Inspector, e.g. 0.3 (default off)")
-    _add_benchmark_flags(d, prefix="bench-")
+    d.add_argument("--bench-steps", type=int, default=200, help="steps per timed run (default 200)")
+    d.add_argument("--bench-repeats", type=int, default=5, help="interleaved repeats (default 5)")
+    d.add_argument("--bench-widths", type=int, nargs="*", default=[64, 256, 1024], metavar="WIDTH",
+                   help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
     d.add_argument("--no-benchmark", action="store_true", help="skip the overhead benchmark")
     d.set_defaults(diagnose_every=DEMO_DIAGNOSE_EVERY)
 
+# %% ../nbs/18_cli.ipynb #cefe81ba
+def _add_dashboard_command(sub) -> None:
     g = sub.add_parser("dashboard", help="redraw the dashboard of a saved run",
                        description="Draw the dashboard of a history saved by `demo` (history.jsonl), with the title "
                                    "and configuration saved in it.")
@@ -107,12 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, type=Path, metavar="FILE", help="image to write (.png, .pdf, .svg, ...)")
     g.add_argument("--title", default=None, help="title of the figure (default: the one saved in the history)")
 
+
+def _add_overhead_command(sub) -> None:
     o = sub.add_parser("overhead", help="measure the Inspector's overhead on the reference workload",
                        description="Interleaved benchmark of the reference training with and without the Inspector "
                                    "(and, with --against torch, the PyTorch twin with hooks), its physical floor, and "
                                    "the scaling with width and batch size.")
     add_overhead_arguments(o)           # the flags live with the benchmark, in 13_overhead
 
+# %% ../nbs/18_cli.ipynb #c1a77292
+def _add_trace_command(sub) -> None:
     r = sub.add_parser("trace", help="trace training steps layer by layer and find the first drift from a reference",
                        description="Trace training steps probe by probe (forward outputs, gradients at each layer's "
                                    "output, parameter gradients, the optimiser step), against the PyTorch twin or "
@@ -120,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "drifts, 1 when something does.")
     add_trace_arguments(r)              # the flags live with the trace, in 14_trace
 
+
+def _add_diagnose_command(sub) -> None:
     x = sub.add_parser("diagnose", help="measure the diagnosis on a gallery of broken and healthy runs",
                        description="Run the gallery of 15_diagnose: broken and healthy runs, each diagnosed every N "
                                    "steps with early stop on, and print the table.")
@@ -129,18 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--every", type=int, default=50, metavar="N", help="diagnose every N steps (default 50)")
     x.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     x.add_argument("--quiet", action="store_true", help="no line per finished run on standard error")
-    _add_course_commands(sub)
-    return parser
+
+# %% ../nbs/18_cli.ipynb #ed50f754
+def _add_run_flags(p) -> None:
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"time limit of each notebook in seconds (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--only", nargs="+", default=None, metavar="STEM", help="only these notebooks, e.g. 08_stats")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
+                   help=f"notebooks run at a time (default {DEFAULT_WORKERS})")
 
 
-def _add_course_commands(sub) -> None:
-    "The instructor's subcommands (16_course, 17_docsite)."
+def _add_release_command(sub) -> None:
     r = sub.add_parser("release", help="write the student release: notebooks and package without the solutions",
                        description="Write the student's course to DIR: every notebook with its solutions replaced by "
                                    "stubs, the package exported from those notebooks, the packaging files and a README.")
     r.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write (new or empty)")
     r.add_argument("--force", action="store_true", help="replace DIR even if it is not empty")
 
+# %% ../nbs/18_cli.ipynb #8360c483
+def _add_grade_command(sub) -> None:
     g = sub.add_parser("grade", help="grade a student's notebooks: points per exercise and the total",
                        description="Run each notebook of DIR (a release folder, or a notebooks folder such as nbs) in a "
                                    "subprocess with a time limit, the earlier modules coming from this package, and "
@@ -152,6 +163,14 @@ def _add_course_commands(sub) -> None:
                         "copies, a deleted test fails, a missing notebook scores 0")
     _add_run_flags(g)
 
+
+def _add_docs_command(sub) -> None:
+    d = sub.add_parser("docs", help="render the notebooks into a static HTML site",
+                       description="Render every notebook with nbconvert into a static site with an index and navigation.")
+    d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder of the site (replaced as a whole)")
+
+# %% ../nbs/18_cli.ipynb #b543dde8
+def _add_mutants_command(sub) -> None:
     m = sub.add_parser("mutants", help="check that each exercise's tests fail for a plausible wrong solution",
                        description="Apply each mutation of tests/mutations/*.json to the instructor's notebook, run it "
                                    "up to the exercise's last graded cell, and report killed or survived; list the "
@@ -166,24 +185,20 @@ def _add_course_commands(sub) -> None:
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_run_flags(m)
 
-    d = sub.add_parser("docs", help="render the notebooks into a static HTML site",
-                       description="Render every notebook with nbconvert into a static site with an index and navigation.")
-    d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder of the site (replaced as a whole)")
+# %% ../nbs/18_cli.ipynb #7fda1db7
+SUBCOMMANDS = (_add_train_command, _add_demo_command, _add_dashboard_command, _add_overhead_command, _add_trace_command,
+               _add_diagnose_command, _add_release_command, _add_grade_command, _add_mutants_command, _add_docs_command)
 
 
-def _add_run_flags(p) -> None:
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"time limit of each notebook in seconds (default {DEFAULT_TIMEOUT:g})")
-    p.add_argument("--only", nargs="+", default=None, metavar="STEM", help="only these notebooks, e.g. 08_stats")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
-                   help=f"notebooks run at a time (default {DEFAULT_WORKERS})")
-
-
-def _add_benchmark_flags(p, prefix: str) -> None:
-    p.add_argument(f"--{prefix}steps", type=int, default=200, help="steps per timed run (default 200)")
-    p.add_argument(f"--{prefix}repeats", type=int, default=5, help="interleaved repeats (default 5)")
-    p.add_argument(f"--{prefix}widths", type=int, nargs="*", default=[64, 256, 1024], metavar="WIDTH",
-                   help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
+def build_parser() -> argparse.ArgumentParser:
+    """The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `overhead`, `trace`,
+    `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
+    parser = OneLineParser(prog=PROG, description="Train a NumPy model of English past tenses and see inside the run.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for add_command in SUBCOMMANDS:
+        add_command(sub)
+    return parser
 
 # %% ../nbs/18_cli.ipynb #17b4789a
 def staging_folder(out_dir) -> Path:
@@ -211,7 +226,7 @@ def publish(staging: Path, out_dir: Path) -> list[Path]:
         staging.rmdir()
     return moved
 
-# %% ../nbs/18_cli.ipynb #890d7451
+# %% ../nbs/18_cli.ipynb #2c9367d7
 def train_summary(result) -> dict:
     "The JSON-ready summary of a `TrainResult`."
     history = result.history
@@ -233,7 +248,7 @@ def train_summary(result) -> dict:
         out["snapshot"] = result.inspector.snapshot()
     return to_jsonable(out)
 
-
+# %% ../nbs/18_cli.ipynb #2ca53db4
 def _print_train_text(summary: dict) -> None:
     acc = summary["accuracy"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
@@ -243,7 +258,10 @@ def _print_train_text(summary: dict) -> None:
     print(f"accuracy: held-out regular {fmt(acc['regular_val'])}, training irregular {fmt(acc['irregular_train'])}, "
           f"held-out irregular {fmt(acc['irregular_val'])}")
     print(f"params_sha256 {summary['params_sha256']}")
-    es = summary["early_stop"]
+    _print_early_stop(summary["early_stop"])
+
+
+def _print_early_stop(es: dict) -> None:
     if es["stopped"]:
         saved = es["compute_saved"]
         seconds = "" if saved["seconds"] is None else f", about {saved['seconds']:.1f} s"
@@ -254,7 +272,7 @@ def _print_train_text(summary: dict) -> None:
     for reason in es["reasons"]:
         print(f"  {reason}")
 
-
+# %% ../nbs/18_cli.ipynb #68d1b5fe
 def _train(config, inspector=None):
     """Train; through `diagnose.train` (which adds the Diagnoser) when the config asks for a diagnosis. NumPy's
     overflow warnings are silenced: a diverging run is reported once, by the loop's error or the diagnosis."""
@@ -276,23 +294,23 @@ def _run_train(args) -> int:
     print(json.dumps(summary, allow_nan=False)) if args.json else _print_train_text(summary)
     return 0
 
-# %% ../nbs/18_cli.ipynb #63dead85
-def _check_benchmark_flags(steps: int, repeats: int, widths) -> None:
-    if steps < 3:
-        raise ValueError(f"the benchmark needs at least 3 steps, got {steps}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    for w in widths:
-        if w < 1:
-            raise ValueError(f"widths must be positive, got {w}")
+# %% ../nbs/18_cli.ipynb #2470724d
+def _check_demo_flags(args) -> TrainConfig:
+    "Every flag of `demo`, checked before anything is built or written; returns the run's configuration."
+    config = _config(args)
+    budget = args.budget
+    if budget is not None and not (0 < budget < math.inf):
+        raise ValueError(f"--budget must be a positive fraction such as 0.30, got {budget!r}")
+    if not args.no_benchmark:
+        if args.bench_steps < 3:
+            raise ValueError(f"the benchmark needs at least 3 steps, got {args.bench_steps}")
+        if args.bench_repeats < 1:
+            raise ValueError(f"--bench-repeats must be at least 1, got {args.bench_repeats}")
+        if any(w < 1 for w in args.bench_widths):
+            raise ValueError(f"--bench-widths must be positive, got {args.bench_widths}")
+    return config
 
-
-def _benchmark(steps: int, repeats: int, widths, blas_threads: int) -> dict:
-    from minitrain_inspect.overhead import run_benchmark
-    return run_benchmark(steps=steps, repeats=repeats, widths=tuple(widths), width_repeats=min(3, repeats),
-                         blas_threads=blas_threads)
-
-
+# %% ../nbs/18_cli.ipynb #f6335052
 def _steps_run(config, result) -> str:
     "'2000 steps', or '7 of 2000 steps' for a run that stopped early."
     stop = getattr(result, "early_stop", None)
@@ -303,38 +321,45 @@ def _demo_title(config, result) -> str:
     return (f"Past-tense model: {_steps_run(config, result)}, seed {config.seed}; held-out regular accuracy "
             f"{result.accuracy['regular_val']:.2f}, training irregular {result.accuracy['irregular_train']:.2f}")
 
-# %% ../nbs/18_cli.ipynb #3adde211
-def _run_demo(args) -> int:
-    from minitrain_inspect.dashboard import save_dashboard
-    from minitrain_inspect.inspect import Inspector
-    from minitrain_inspect.overhead import results_markdown
-    config = _config(args)                        # every flag checked before any work...
+# %% ../nbs/18_cli.ipynb #f99adc16
+def _write_demo_files(staging: Path, config, result, summary: dict) -> None:
+    from minitrain_inspect.dashboard import save_dashboard      # matplotlib: imported only once there is a run to draw
+    history = result.inspector.history
+    if getattr(result, "diagnoser", None) is not None:
+        result.diagnoser.save(staging / "diagnosis.json")
+    history.meta["title"] = _demo_title(config, result)
+    history.meta.setdefault("config", to_jsonable(asdict(config)))
+    save_dashboard(history, staging / "dashboard.png")
+    history.save_jsonl(staging / "history.jsonl")
+    atomic_write_text(staging / "snapshot.json", json.dumps(summary, allow_nan=False, indent=1))
+
+# %% ../nbs/18_cli.ipynb #75bc68d5
+def _results_note(args, config, result) -> tuple[str, dict | None]:
+    "The text of `results.md` and the benchmark's figures (`None` under `--no-benchmark`)."
+    bench, text = None, "# Inspector overhead\n\nNot measured (--no-benchmark).\n"
     if not args.no_benchmark:
-        _check_benchmark_flags(args.bench_steps, args.bench_repeats, args.bench_widths)
-    inspector = Inspector(budget=args.budget)
+        from minitrain_inspect.overhead import results_markdown, run_benchmark
+        if not args.quiet:
+            print("measuring the overhead (interleaved runs with and without the Inspector)...", file=sys.stderr)
+        bench = run_benchmark(steps=args.bench_steps, repeats=args.bench_repeats, widths=tuple(args.bench_widths),
+                              width_repeats=min(3, args.bench_repeats), blas_threads=args.blas_threads)
+        text = results_markdown(bench)
+    return text + (f"\nThis run: {_steps_run(config, result)} in {result.seconds:.1f} s with the Inspector on, "
+                   f"{config.blas_threads} BLAS thread(s); accuracy {result.accuracy['regular_val']:.3f} on held-out "
+                   f"regular verbs, {result.accuracy['irregular_train']:.3f} on training irregular verbs.\n"), bench
+
+# %% ../nbs/18_cli.ipynb #3fc36415
+def _run_demo(args) -> int:
+    config = _check_demo_flags(args)              # every flag checked before any work...
     staging = staging_folder(args.out)            # ...and the output folder too
     try:
-        result = _train(config, inspector=inspector)
+        from minitrain_inspect.inspect import Inspector
+        result = _train(config, inspector=Inspector(budget=args.budget))
         summary = train_summary(result)
-        history = inspector.history
-        if getattr(result, "diagnoser", None) is not None:
-            result.diagnoser.save(staging / "diagnosis.json")
-        history.meta["title"] = _demo_title(config, result)
-        history.meta.setdefault("config", to_jsonable(asdict(config)))
-        save_dashboard(history, staging / "dashboard.png")
-        history.save_jsonl(staging / "history.jsonl")
-        atomic_write_text(staging / "snapshot.json", json.dumps(summary, allow_nan=False, indent=1))
+        _write_demo_files(staging, config, result, summary)
         _print_train_text(summary)
-        bench, text = None, "# Inspector overhead\n\nNot measured (--no-benchmark).\n"
-        if not args.no_benchmark:
-            if not args.quiet:
-                print("measuring the overhead (interleaved runs with and without the Inspector)...", file=sys.stderr)
-            bench = _benchmark(args.bench_steps, args.bench_repeats, args.bench_widths, args.blas_threads)
-            text = results_markdown(bench)
-        atomic_write_text(staging / "results.md", text + (
-            f"\nThis run: {_steps_run(config, result)} in {result.seconds:.1f} s with the Inspector on, "
-            f"{config.blas_threads} BLAS thread(s); accuracy {result.accuracy['regular_val']:.3f} on held-out "
-            f"regular verbs, {result.accuracy['irregular_train']:.3f} on training irregular verbs.\n"))
+        text, bench = _results_note(args, config, result)
+        atomic_write_text(staging / "results.md", text)
         paths = publish(staging, args.out)
     finally:
         with sigint_deferred():
@@ -346,7 +371,7 @@ def _run_demo(args) -> int:
         print(f"{path.stem:>9s}: {path}")
     return 0
 
-# %% ../nbs/18_cli.ipynb #4c377904
+# %% ../nbs/18_cli.ipynb #b2f760b7
 def _run_dashboard(args) -> int:
     out = check_output_path(args.out)
     if not args.history.is_file():
@@ -361,7 +386,13 @@ def _run_dashboard(args) -> int:
 def _run_overhead(args) -> int:
     return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
 
-# %% ../nbs/18_cli.ipynb #5209fa10
+# %% ../nbs/18_cli.ipynb #62b9d526
+def _positive(name: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"--{name} must be at least 1, got {value}")
+    return value
+
+
 def _run_release(args) -> int:
     from minitrain_inspect.course import course_notebooks, release
     out = release(args.out, force=args.force)
@@ -376,39 +407,38 @@ def _run_grade(args) -> int:
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0
 
-
-def _positive(name: str, value: int) -> int:
-    if value < 1:
-        raise ValueError(f"--{name} must be at least 1, got {value}")
-    return value
-
-
-def _run_mutants(args) -> int:
-    from minitrain_inspect.course import (exercises_without_mutation, find_project, load_mutations, run_mutants,
-                                          run_stub_checks, sample_mutations)
-    project = find_project()
-    if args.stubs:
-        if args.match or args.sample is not None:
-            raise ValueError("--match and --sample choose among the mutations; --stubs checks every exercise of the "
-                             "--only notebooks")
-        return _report_mutants(args, run_stub_checks(project, only=args.only, timeout=args.timeout,
-                                                     workers=_positive("workers", args.workers)), [])
-    every = load_mutations(project / "tests" / "mutations", only=args.only)
+# %% ../nbs/18_cli.ipynb #7e79ed2a
+def _chosen_mutations(args, every: list, folder: Path) -> list:
     mutations = every
     if args.match:
         words = [w.lower() for w in args.match]
         mutations = [m for m in every if any(w in m.name.lower() or w in m.exercise.lower() for w in words)]
     if not mutations:
-        raise ValueError(f"no mutations to run in {project / 'tests' / 'mutations'}"
-                         + (f" matching {args.match}" if args.match else "") + (f" for {args.only}" if args.only else ""))
+        raise ValueError(f"no mutations to run in {folder}" + (f" matching {args.match}" if args.match else "")
+                         + (f" for {args.only}" if args.only else ""))
     if args.sample is not None:
+        from minitrain_inspect.course import sample_mutations
         mutations = sample_mutations(mutations, _positive("sample", args.sample), args.seed)
-    results = run_mutants(mutations, project, timeout=args.timeout, workers=_positive("workers", args.workers))
+    return mutations
+
+# %% ../nbs/18_cli.ipynb #6b711742
+def _run_mutants(args) -> int:
+    from minitrain_inspect.course import (exercises_without_mutation, find_project, load_mutations, run_mutants,
+                                          run_stub_checks)
+    project, workers = find_project(), _positive("workers", args.workers)
+    if args.stubs:
+        if args.match or args.sample is not None:
+            raise ValueError("--match and --sample choose among the mutations; --stubs checks every exercise of the "
+                             "--only notebooks")
+        return _report_mutants(args, run_stub_checks(project, only=args.only, timeout=args.timeout, workers=workers), [])
+    every = load_mutations(project / "tests" / "mutations", only=args.only)
+    mutations = _chosen_mutations(args, every, project / "tests" / "mutations")
+    results = run_mutants(mutations, project, timeout=args.timeout, workers=workers)
     uncovered = [(nb, ex) for nb, ex in exercises_without_mutation(project, every)
                  if not args.only or nb in {Path(s).stem for s in args.only}]
     return _report_mutants(args, results, uncovered)
 
-
+# %% ../nbs/18_cli.ipynb #92affc72
 def _report_mutants(args, results, uncovered) -> int:
     unchecked = [r for r in results if r.outcome == "not checked"]    # they need PyTorch, which is not installed
     bad = [r for r in results if r.outcome not in ("killed", "not checked")]
@@ -416,18 +446,18 @@ def _report_mutants(args, results, uncovered) -> int:
         print(json.dumps({"mutants": [asdict(r) for r in results], "killed": len(results) - len(bad) - len(unchecked),
                           "not_killed": len(bad), "not_checked": len(unchecked),
                           "without_mutation": [{"notebook": nb, "exercise": ex} for nb, ex in uncovered]}))
-    else:
-        for r in results:
-            print(f"{r.outcome:>11s}  {r.notebook}  {r.exercise}: {r.name}  ({r.seconds:.1f} s)"
-                  + (f"  [{r.message}]" if r.message else ""))
-        print(f"\n{len(results) - len(bad) - len(unchecked)} of {len(results) - len(unchecked)} mutants killed"
-              + (f"; survived or invalid: {', '.join(f'{r.notebook}/{r.exercise}: {r.name}' for r in bad)}" if bad else "")
-              + (f"; {len(unchecked)} not checked: they need PyTorch" if unchecked else ""))
-        if uncovered:
-            print(f"exercises with no mutation ({len(uncovered)}): {', '.join(f'{nb}/{ex}' for nb, ex in uncovered)}")
+        return 1 if bad else 0
+    for r in results:
+        print(f"{r.outcome:>11s}  {r.notebook}  {r.exercise}: {r.name}  ({r.seconds:.1f} s)"
+              + (f"  [{r.message}]" if r.message else ""))
+    print(f"\n{len(results) - len(bad) - len(unchecked)} of {len(results) - len(unchecked)} mutants killed"
+          + (f"; survived or invalid: {', '.join(f'{r.notebook}/{r.exercise}: {r.name}' for r in bad)}" if bad else "")
+          + (f"; {len(unchecked)} not checked: they need PyTorch" if unchecked else ""))
+    if uncovered:
+        print(f"exercises with no mutation ({len(uncovered)}): {', '.join(f'{nb}/{ex}' for nb, ex in uncovered)}")
     return 1 if bad else 0
 
-
+# %% ../nbs/18_cli.ipynb #f6b17cd5
 def _run_docs(args) -> int:
     try:
         from minitrain_inspect.docsite import build_site
@@ -440,39 +470,45 @@ def _run_docs(args) -> int:
     print(f"docs: {len(pages)} pages in {args.out} (open {pages[0] if pages else args.out})")
     return 0
 
-# %% ../nbs/18_cli.ipynb #29fe37b2
-def _run_diagnose(args) -> int:
-    if not args.gallery:
-        raise ValueError("diagnose needs --gallery (the only mode for now)")
-    for name, value, low in (("steps", args.steps, 1), ("seeds", args.seeds, 1), ("every", args.every, 1)):
-        if value < low:
-            raise ValueError(f"--{name} must be at least {low}, got {value}")
-    from minitrain_inspect.diagnose import gallery_summary, gallery_table, healthy_margins, run_gallery
-    def done(r):
-        if not r.get("applicable", True):
-            verdict = f"not applicable: needs {r.get('needs')} steps"
-        else:
-            verdict = f"flagged at step {r['step']}" if r["flagged"] else "not flagged"
-        print(f"{r['name']}: {verdict}", file=sys.stderr)
+# %% ../nbs/18_cli.ipynb #7b1473ae
+def _gallery_progress(row: dict) -> None:
+    if not row.get("applicable", True):
+        verdict = f"not applicable: needs {row.get('needs')} steps"
+    else:
+        verdict = f"flagged at step {row['step']}" if row["flagged"] else "not flagged"
+    print(f"{row['name']}: {verdict}", file=sys.stderr)
 
-    rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every, progress=None if args.quiet else done)
-    summary, margins = gallery_summary(rows), healthy_margins(rows)
-    if args.json:
-        for row in rows:
-            row.pop("reports")
-        print(json.dumps(to_jsonable({"summary": summary, "margins": margins, "runs": rows}), allow_nan=False))
-        return 0
+
+def _print_gallery(rows: list, summary: dict, margins: dict, steps: int) -> None:
+    from minitrain_inspect.diagnose import gallery_table
     print(gallery_table(rows))
     print(f"\nbroken runs flagged: {summary['broken_flagged']} of {summary['broken']}; healthy runs flagged "
           f"(false positives): {summary['false_positives']} of {summary['healthy']}; runs whose loss became NaN: "
           f"{summary['nan_runs']}, flagged before the NaN: {summary['fired_before_nan']}")
     if summary.get("not_applicable"):
-        print(f"not applicable at {args.steps} steps (left out of the counts): {', '.join(summary['not_applicable'])}")
+        print(f"not applicable at {steps} steps (left out of the counts): {', '.join(summary['not_applicable'])}")
     for check, m in margins.items():
         print(f"{check}: closest healthy value {m['value']:.3g}, threshold {m['threshold']:g}")
+
+# %% ../nbs/18_cli.ipynb #8f1f3049
+def _run_diagnose(args) -> int:
+    if not args.gallery:
+        raise ValueError("diagnose needs --gallery (the only mode for now)")
+    for name, value in (("steps", args.steps), ("seeds", args.seeds), ("every", args.every)):
+        _positive(name, value)
+    from minitrain_inspect.diagnose import gallery_summary, healthy_margins, run_gallery
+    rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every,
+                       progress=None if args.quiet else _gallery_progress)
+    summary, margins = gallery_summary(rows), healthy_margins(rows)
+    if args.json:
+        for row in rows:
+            row.pop("reports")
+        print(json.dumps(to_jsonable({"summary": summary, "margins": margins, "runs": rows}), allow_nan=False))
+    else:
+        _print_gallery(rows, summary, margins, args.steps)
     return 0
 
-
+# %% ../nbs/18_cli.ipynb #a1f88319
 COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead,
             "trace": trace_command, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
             "mutants": _run_mutants, "docs": _run_docs}

@@ -23,7 +23,7 @@ from .layers import Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .panels import unit_health
 from .stats import atomic_write_text, check_int, to_jsonable
-from .train import TrainConfig, TrainResult, evaluating, run_data
+from .train import TrainConfig, TrainResult, blas_threads, evaluating, run_data
 from .train import train as _train
 
 # %% auto #0
@@ -69,7 +69,7 @@ class DiagnosticThresholds:
         "The thresholds as a plain dict."
         return dataclasses.asdict(self)
 
-
+# %% ../nbs/15_diagnose.ipynb #6d3e5869
 def _real(value) -> float | None:
     "`value` as a float if it is a real number of any type (Python, NumPy float32 or int64...), not a bool; else None."
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
@@ -94,7 +94,37 @@ class CheckResult(NamedTuple):
 CHECKS = ("hidden_norm_growth", "gradient_floor", "vanishing_gradient", "exploding_gradient", "non_finite",
           "dead_units", "loss_spike", "no_learning")
 
+# %% ../nbs/15_diagnose.ipynb #dbc23131
+NONFINITE_JSON = {"Infinity": math.inf, "-Infinity": -math.inf}
 
+
+def _encode(value):
+    "A float for strict JSON: itself if finite, None if NaN, 'Infinity' or '-Infinity' if infinite."
+    value = float(value)
+    return value if math.isfinite(value) else None if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def _number(value, what: str) -> float:
+    "The inverse of `_encode`: a number, None (NaN) or 'Infinity'/'-Infinity'; anything else is a ValueError."
+    if value is None:
+        return math.nan
+    if isinstance(value, str) and value in NONFINITE_JSON:
+        return NONFINITE_JSON[value]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, null or 'Infinity'/'-Infinity', got {value!r}")
+    return float(value)
+
+# %% ../nbs/15_diagnose.ipynb #72473d43
+def _check_from_dict(c, i: int) -> CheckResult:
+    "Check `i` of a report, read back from its JSON; anything malformed is a ValueError naming the check."
+    if not isinstance(c, dict) or set(c) != set(CheckResult._fields):
+        raise ValueError(f"report check {i} must have exactly the fields {CheckResult._fields}, got {c!r}")
+    if not isinstance(c["name"], str) or not isinstance(c["fired"], bool) or not isinstance(c["detail"], str):
+        raise ValueError(f"report check {i}: name and detail must be strings and fired a bool, got {c!r}")
+    return CheckResult(c["name"], _number(c["value"], f"report check {i} value"),
+                       _number(c["threshold"], f"report check {i} threshold"), c["fired"], c["detail"])
+
+# %% ../nbs/15_diagnose.ipynb #8930a78f
 @dataclass
 class DiagnosticReport:
     "The outcome of one diagnosis: the step, the verdict and its reasons, every check, and the seconds it took."
@@ -137,46 +167,17 @@ class DiagnosticReport:
         "A report read back from `to_dict` output; anything malformed raises ValueError naming the field."
         if not isinstance(d, dict):
             raise ValueError(f"a diagnostic report is a JSON object, got {type(d).__name__}")
-        try:
-            step, raw, seconds = d["step"], d["checks"], d.get("seconds", 0.0)
-        except KeyError as exc:
-            raise ValueError(f"a diagnostic report needs the field {exc.args[0]!r}") from None
-        check_int(step, "report step", 0)
+        missing = [name for name in ("step", "checks") if name not in d]
+        if missing:
+            raise ValueError(f"a diagnostic report needs the field {missing[0]!r}")
+        step, raw = check_int(d["step"], "report step", 0), d["checks"]
         if not isinstance(raw, list):
             raise ValueError(f"report checks must be a list, got {type(raw).__name__}")
-        checks = []
-        for i, c in enumerate(raw):
-            if not isinstance(c, dict) or set(c) != set(CheckResult._fields):
-                raise ValueError(f"report check {i} must have exactly the fields {CheckResult._fields}, got {c!r}")
-            if not isinstance(c["name"], str) or not isinstance(c["fired"], bool) or not isinstance(c["detail"], str):
-                raise ValueError(f"report check {i}: name and detail must be strings and fired a bool, got {c!r}")
-            checks.append(CheckResult(c["name"], _number(c["value"], f"report check {i} value"),
-                                      _number(c["threshold"], f"report check {i} threshold"), c["fired"], c["detail"]))
-        report = cls(step, checks, _number(seconds, "report seconds"),
-                     _number(d.get("eval_loss"), "report eval_loss"))
+        report = cls(step, [_check_from_dict(c, i) for i, c in enumerate(raw)],
+                     _number(d.get("seconds", 0.0), "report seconds"), _number(d.get("eval_loss"), "report eval_loss"))
         if "verdict" in d and d["verdict"] != report.verdict:
             raise ValueError(f"report verdict {d['verdict']!r} disagrees with its checks ({report.verdict!r})")
         return report
-
-
-NONFINITE_JSON = {"Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _encode(value):
-    "A float for strict JSON: itself if finite, None if NaN, 'Infinity' or '-Infinity' if infinite."
-    value = float(value)
-    return value if math.isfinite(value) else None if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-
-
-def _number(value, what: str) -> float:
-    "The inverse of `_encode`: a number, None (NaN) or 'Infinity'/'-Infinity'; anything else is a ValueError."
-    if value is None:
-        return math.nan
-    if isinstance(value, str) and value in NONFINITE_JSON:
-        return NONFINITE_JSON[value]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number, null or 'Infinity'/'-Infinity', got {value!r}")
-    return float(value)
 
 # %% ../nbs/15_diagnose.ipynb #97466e0c
 def _hook_tables(model: Module) -> list:
@@ -184,7 +185,7 @@ def _hook_tables(model: Module) -> list:
     return [(m, "_forward_hooks") for m in modules] + [(m, "_backward_hooks") for m in modules] + \
            [(p, "_backward_hooks") for p in model.parameters()]
 
-
+# %% ../nbs/15_diagnose.ipynb #43e51e28
 @contextlib.contextmanager
 def hooks_paused(model: Module, tables: list | None = None):
     "Pause every hook registered on `model`'s modules and parameters for the body; restore them after, also on error."
@@ -197,7 +198,7 @@ def hooks_paused(model: Module, tables: list | None = None):
         for owner, attr, table in saved:
             setattr(owner, attr, table)
 
-
+# %% ../nbs/15_diagnose.ipynb #6dbe7edd
 def trunk_of(model: Module) -> Sequential:
     "The model's trunk: the model if it is a `Sequential`, else its `Sequential` with the most layers."
     if isinstance(model, Sequential):
@@ -218,17 +219,17 @@ class Probe(NamedTuple):
     nonfinite: int          # non-finite values in the hidden states, logits, gradients and loss
     loss: float
 
-
+# %% ../nbs/15_diagnose.ipynb #1f528ad6
 def _l2(x: np.ndarray) -> float:
-    "L2 norm in float64. Squares of float32 values cannot overflow float64, so it is finite iff every value is."
+    "L2 norm in float64, without BLAS. Squares of float32 values cannot overflow float64, so it is finite iff every value is."
     flat = x.reshape(-1).astype(np.float64, copy=False)
-    return math.sqrt(float(np.dot(flat, flat)))
+    return math.sqrt(float(np.sum(flat * flat)))
 
 
 def _count_nonfinite(x: np.ndarray, norm: float) -> int:
     return 0 if math.isfinite(norm) else int(np.count_nonzero(~np.isfinite(x)))
 
-
+# %% ../nbs/15_diagnose.ipynb #8dcb3507
 class ProbePlan(NamedTuple):
     "What `probe` needs to know about a model, found once: its trunk, nonlinearities, linear layers, parameters, hook tables."
     trunk: Sequential
@@ -296,13 +297,15 @@ def _probe_measure(plan: ProbePlan, seen: dict, logits: np.ndarray, loss: float,
     return Probe(hidden, stuck, grad_norms, first_last, nonfinite, loss)
     ### END SOLUTION
 
-
+# %% ../nbs/15_diagnose.ipynb #b3b416c8
 def probe(model: Module, inputs: np.ndarray, targets: np.ndarray, *, loss_fn: Module | None = None,
-          plan: ProbePlan | None = None) -> Probe:
-    "One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused; see `Probe`."
+          plan: ProbePlan | None = None, threads: int = 1) -> Probe:
+    """One forward and backward pass of `model` on `inputs`/`targets` in eval mode, no update, hooks paused, under
+    `threads` BLAS threads (as `train` pins them); see `Probe`."""
     plan = ProbePlan.of(model) if plan is None else plan
     loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
-    seen, logits, loss, grads = _probe_pass(model, inputs, targets, loss_fn, plan)
+    with blas_threads(threads):
+        seen, logits, loss, grads = _probe_pass(model, inputs, targets, loss_fn, plan)
     return _probe_measure(plan, seen, logits, loss, grads, len(inputs))
 
 # %% ../nbs/15_diagnose.ipynb #042bb3a9
@@ -354,7 +357,7 @@ def history_nonfinite(history, since: int) -> int:
             total += int(np.nan_to_num(recent, nan=1.0).sum())
     return total
 
-
+# %% ../nbs/15_diagnose.ipynb #f900fb80
 def check_nonfinite(pr: Probe, losses: Sequence[float], th: DiagnosticThresholds, recorded: int = 0) -> CheckResult:
     "NaN or inf in the probe, in `losses` (the training losses since the last diagnosis) or `recorded` by an Inspector."
     bad_losses = [x for x in losses if not math.isfinite(x)]
@@ -392,7 +395,7 @@ def check_loss_spike(losses: Sequence[float], new: int, th: DiagnosticThresholds
                        f"a training loss of {max(recent):.3g} is {value:.3g}x its running median {median:.3g}"
                        if fired else "")
 
-
+# %% ../nbs/15_diagnose.ipynb #4e09b0ea
 def check_no_learning(losses: Sequence[float], steps: int, th: DiagnosticThresholds, eval_loss: float = math.nan,
                       start_eval_loss: float = math.nan) -> CheckResult:
     "After `th.no_learning_after` steps: the training loss (and the held-out batch's) against `th.no_learning_factor` x its start."
@@ -411,27 +414,38 @@ def check_no_learning(losses: Sequence[float], steps: int, th: DiagnosticThresho
                        f"after {steps} steps the {what} loss is {value:.2f}x its start (>= {th.no_learning_factor:g}x)"
                        if fired else "")
 
-# %% ../nbs/15_diagnose.ipynb #24d8a3ec
-def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: int = 0, losses: Sequence[float] | None = None,
-             new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
-             thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
-             plan: ProbePlan | None = None, clock=time.perf_counter) -> DiagnosticReport:
-    "Run the protocol on the fixed batch `inputs`/`targets` and the losses so far; returns a `DiagnosticReport`."
-    start = clock()
+# %% ../nbs/15_diagnose.ipynb #e954c81e
+def _checked_thresholds(thresholds) -> DiagnosticThresholds:
     th = DiagnosticThresholds() if thresholds is None else thresholds
     if not isinstance(th, DiagnosticThresholds):
         raise TypeError(f"thresholds must be a DiagnosticThresholds, got {type(th).__name__}")
-    plan = ProbePlan.of(model) if plan is None else plan
-    step = check_int(step, "step", 0)
+    return th
+
+
+def _checked_batch(inputs, targets) -> tuple[np.ndarray, np.ndarray]:
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if inputs.ndim < 1 or len(inputs) == 0 or len(inputs) != len(targets):
         raise ValueError(f"the evaluation batch needs as many targets as inputs, and at least one, got "
                          f"{inputs.shape} inputs and {targets.shape} targets")
+    return inputs, targets
+
+# %% ../nbs/15_diagnose.ipynb #24d8a3ec
+def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: int = 0, losses: Sequence[float] | None = None,
+             new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
+             thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
+             plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1) -> DiagnosticReport:
+    """Run the protocol on the fixed batch `inputs`/`targets` and the losses so far; returns a `DiagnosticReport`. The
+    probe runs under `threads` BLAS threads."""
+    start = clock()
+    th = _checked_thresholds(thresholds)
+    plan = ProbePlan.of(model) if plan is None else plan
+    step = check_int(step, "step", 0)
+    inputs, targets = _checked_batch(inputs, targets)
     if losses is None:
         losses = list(history.get("loss/train")[1]) if history is not None else []
     losses = [float(x) for x in losses]
     new = len(losses) if new is None else check_int(new, "new", 0, len(losses))
-    pr = probe(model, inputs, targets, loss_fn=loss_fn, plan=plan)
+    pr = probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
     checks = [check_growth(pr, th), *check_gradients(pr, th),
               check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
@@ -441,16 +455,14 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
     return report
 
 # %% ../nbs/15_diagnose.ipynb #0be1da37
-class Diagnoser:
-    "Observer for `train`: runs `diagnose` every `config.diagnose_every` steps; with `config.early_stop`, stops a failing run."
+class _DiagnoserState:
+    "The Diagnoser's settings and reports, and the verdict that follows from them (the hooks come below)."
 
     diagnoses = True    # tells `train` that this observer serves `TrainConfig.diagnose_every`
 
     def __init__(self, thresholds: DiagnosticThresholds | None = None, *, eval_size: int = 32, history=None,
                  every: int | None = None):
-        self.thresholds = DiagnosticThresholds() if thresholds is None else thresholds
-        if not isinstance(self.thresholds, DiagnosticThresholds):
-            raise TypeError(f"thresholds must be a DiagnosticThresholds, got {type(self.thresholds).__name__}")
+        self.thresholds = _checked_thresholds(thresholds)
         self.eval_size = check_int(eval_size, "eval_size", 1)
         self.every_given = None if every is None else check_int(every, "every", 1)
         self.every = self.every_given
@@ -474,94 +486,113 @@ class Diagnoser:
         return self.failing[0].reasons if self.failing else []
 
 # %% ../nbs/15_diagnose.ipynb #a9928c5e
-def _begin_run(self: Diagnoser, run) -> None:
-    "Observer hook: pick the evaluation batch and the trunk, and reset the reports (a Diagnoser can watch run after run)."
-    if self.active:
-        raise ValueError("this Diagnoser is watching a run that has not ended; a Diagnoser watches one run at a time: "
-                         "give each concurrent run its own Diagnoser()")
-    config = run.config
-    self.every = self.every_given or getattr(config, "diagnose_every", None)
-    self.active, self.stopped_at = True, None
+def _evaluation_batch(run, eval_size: int) -> tuple[np.ndarray, np.ndarray]:
+    "`eval_size` held-out examples (training ones if there are none), drawn by a generator of its own."
     split = run.data.val if len(run.data.val) else run.data.train
-    rng = np.random.default_rng([getattr(config, "seed", 0), 0xD1A6])    # a stream of its own
-    idx = np.sort(rng.choice(len(split), min(self.eval_size, len(split)), replace=False))
-    self.inputs, self.targets = split.inputs[idx], split.targets[idx]
-    self.run, self.plan, self.loss_fn = run, ProbePlan.of(run.model), SoftmaxCrossEntropy()
-    self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
+    rng = np.random.default_rng([getattr(run.config, "seed", 0), 0xD1A6])    # the run's own streams stay untouched
+    idx = np.sort(rng.choice(len(split), min(eval_size, len(split)), replace=False))
+    return split.inputs[idx], split.targets[idx]
 
+# %% ../nbs/15_diagnose.ipynb #0944e840
+class _DiagnoserRun(_DiagnoserState):
+    "How the Diagnoser starts watching a run, and diagnoses it now."
 
-def _diagnose_now(self: Diagnoser, step: int) -> DiagnosticReport:
-    "Diagnose the model after `step` updates, report to the run's control, and ask it to stop if so configured."
-    if self.reports and self.reports[-1].step == step:      # same model, more losses: one report per step
-        self.reports.pop()
-        self.last_step = self.reports[-1].step if self.reports else -1
-    report = diagnose(self.run.model, self.inputs, self.targets, step=step, losses=self.losses,
-                      new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
-                      history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
-                      loss_fn=self.loss_fn, plan=self.plan)
-    if not self.reports:
-        self.start_eval_loss = report.eval_loss
-    self.reports.append(report)
-    self.last_step = step
-    control = getattr(self.run, "control", None)
-    if control is not None:
+    def begin_run(self, run) -> None:
+        "Observer hook: pick the evaluation batch and the trunk, and reset the reports (a Diagnoser can watch run after run)."
+        if self.active:
+            raise ValueError("this Diagnoser is watching a run that has not ended; a Diagnoser watches one run at a "
+                             "time: give each concurrent run its own Diagnoser()")
+        self.every = self.every_given or getattr(run.config, "diagnose_every", None)
+        self.active, self.stopped_at = True, None
+        self.inputs, self.targets = _evaluation_batch(run, self.eval_size)
+        self.run, self.plan, self.loss_fn = run, ProbePlan.of(run.model), SoftmaxCrossEntropy()
+        self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
+
+    def _diagnose_now(self, step: int) -> DiagnosticReport:
+        "Diagnose the model after `step` updates, report to the run's control, and ask it to stop if so configured."
+        if self.reports and self.reports[-1].step == step:      # same model, more losses: one report per step
+            self.reports.pop()
+            self.last_step = self.reports[-1].step if self.reports else -1
+        report = diagnose(self.run.model, self.inputs, self.targets, step=step, losses=self.losses,
+                          new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
+                          history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
+                          loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1))
+        if not self.reports:
+            self.start_eval_loss = report.eval_loss
+        self.reports.append(report)
+        self.last_step = step
+        self._tell_control(report, step)
+        return report
+
+    def _tell_control(self, report: DiagnosticReport, step: int) -> None:
+        control = getattr(self.run, "control", None)
+        if control is None:
+            return
         control.report(self.verdict, self.reasons)
         if report.verdict == "failing" and getattr(self.run.config, "early_stop", False):
             control.request_stop(report.reasons)
             if self.stopped_at is None and step < self.run.config.steps:
                 self.stopped_at = step              # the loop ends here: `step` steps run, no update after
-    return report
 
 # %% ../nbs/15_diagnose.ipynb #9328ac2c
-def _before_step(self: Diagnoser, step: int, batch) -> None:
-    "Observer hook: diagnose when `step` is a multiple of the interval."
-    ### BEGIN SOLUTION
-    if self.every and step % self.every == 0 and step != self.last_step:
-        _diagnose_now(self, step)
-    ### END SOLUTION
+class _DiagnoserSchedule(_DiagnoserRun):
+    "When the Diagnoser diagnoses: the `before_step` and `after_step` hooks."
 
+    def before_step(self, step: int, batch) -> None:
+        "Observer hook: diagnose when `step` is a multiple of the interval."
+        ### BEGIN SOLUTION
+        if self.every and step % self.every == 0 and step != self.last_step:
+            self._diagnose_now(step)
+        ### END SOLUTION
 
-def _after_step(self: Diagnoser, step: int, loss: float) -> None:
-    "Observer hook: keep the loss; diagnose at once if it is not finite, and after the last step."
-    ### BEGIN SOLUTION
-    self.losses.append(float(loss))
-    if not math.isfinite(loss):
-        _diagnose_now(self, step)
-    elif step == self.run.config.steps - 1:
-        _diagnose_now(self, step + 1)
-    ### END SOLUTION
+    def after_step(self, step: int, loss: float) -> None:
+        "Observer hook: keep the loss; diagnose at once if it is not finite, and after the last step."
+        ### BEGIN SOLUTION
+        self.losses.append(float(loss))
+        if not math.isfinite(loss):
+            self._diagnose_now(step)
+        elif step == self.run.config.steps - 1:
+            self._diagnose_now(step + 1)
+        ### END SOLUTION
 
 # %% ../nbs/15_diagnose.ipynb #958575aa
-def _end_run(self: Diagnoser) -> None:
-    "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
-    self.active = False
-    if self.history is not None and self.reports:
-        self.history.meta["diagnosis"] = self.summary()
+class Diagnoser(_DiagnoserSchedule):
+    "Observer for `train`: runs `diagnose` every `config.diagnose_every` steps; with `config.early_stop`, stops a failing run."
 
+    def end_run(self) -> None:
+        "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
+        self.active = False
+        if self.history is not None and self.reports:
+            self.history.meta["diagnosis"] = self.summary()
 
-Diagnoser.begin_run, Diagnoser.before_step, Diagnoser.after_step, Diagnoser.end_run = (
-    _begin_run, _before_step, _after_step, _end_run)
+    def summary(self) -> dict:
+        "The run's diagnosis, JSON-ready: verdict, reasons, first failing step, the checks fired at each step, every report."
+        config = getattr(self.run, "config", None)
+        fired = [{"step": r.step, "checks": [c.name for c in r.fired], "reasons": r.reasons} for r in self.failing]
+        return to_jsonable({"verdict": self.verdict, "reasons": self.reasons,
+                            "step": self.failing[0].step if self.failing else None, "every": self.every,
+                            "early_stop": bool(getattr(config, "early_stop", False)),
+                            "planned_steps": getattr(config, "steps", None), "stopped_at": self.stopped_at,
+                            "eval_size": len(self.targets) if self.run is not None else self.eval_size,
+                            "fired": fired, "thresholds": self.thresholds.to_dict(),
+                            "reports": [r.to_dict() for r in self.reports]})
 
-# %% ../nbs/15_diagnose.ipynb #0eddb864
-def _summary(self: Diagnoser) -> dict:
-    "The run's diagnosis, JSON-ready: verdict, reasons, first failing step, the checks fired at each step, every report."
-    fired = [{"step": r.step, "checks": [c.name for c in r.fired], "reasons": r.reasons} for r in self.failing]
-    return to_jsonable({"verdict": self.verdict, "reasons": self.reasons,
-                        "step": self.failing[0].step if self.failing else None, "every": self.every,
-                        "early_stop": bool(getattr(getattr(self.run, "config", None), "early_stop", False)),
-                        "planned_steps": getattr(getattr(self.run, "config", None), "steps", None),
-                        "stopped_at": self.stopped_at,
-                        "eval_size": len(self.targets) if self.run is not None else self.eval_size,
-                        "fired": fired, "thresholds": self.thresholds.to_dict(),
-                        "reports": [r.to_dict() for r in self.reports]})
+    def save(self, path) -> None:
+        "Write `summary()` to `path` as strict JSON, atomically."
+        atomic_write_text(path, json.dumps(self.summary(), allow_nan=False, indent=1) + "\n")
 
-
-def _save(self: Diagnoser, path) -> None:
-    "Write `summary()` to `path` as strict JSON, atomically."
-    atomic_write_text(path, json.dumps(self.summary(), allow_nan=False, indent=1) + "\n")
-
-
-Diagnoser.summary, Diagnoser.save = _summary, _save
+# %% ../nbs/15_diagnose.ipynb #a3ea52ff
+def _check_train_thresholds(thresholds, diagnoser, config: TrainConfig) -> None:
+    "`thresholds` for `train` apply only to a Diagnoser that `train` adds: refuse them where they would do nothing."
+    if thresholds is None:
+        return
+    _checked_thresholds(thresholds)
+    if diagnoser is not None:
+        raise ValueError("thresholds= configures the Diagnoser that train adds, but a diagnosing observer was "
+                         "passed in and keeps its own: give the thresholds to it, Diagnoser(thresholds)")
+    if config.diagnose_every is None:
+        raise ValueError("thresholds= was given but config.diagnose_every is None, so no diagnosis would run: "
+                         "set diagnose_every (for example TrainConfig(diagnose_every=50))")
 
 # %% ../nbs/15_diagnose.ipynb #f53bb9c2
 def train(config: TrainConfig | None = None, *, data: PastTenseData | None = None, observers: Iterable = (),
@@ -571,15 +602,7 @@ def train(config: TrainConfig | None = None, *, data: PastTenseData | None = Non
     config = TrainConfig() if config is None else config
     observers = list(observers)
     diagnoser = next((o for o in observers if getattr(o, "diagnoses", False) is True), None)
-    if thresholds is not None:
-        if not isinstance(thresholds, DiagnosticThresholds):
-            raise TypeError(f"thresholds must be a DiagnosticThresholds, got {type(thresholds).__name__}")
-        if diagnoser is not None:
-            raise ValueError("thresholds= configures the Diagnoser that train adds, but a diagnosing observer was "
-                             "passed in and keeps its own: give the thresholds to it, Diagnoser(thresholds)")
-        if config.diagnose_every is None:
-            raise ValueError("thresholds= was given but config.diagnose_every is None, so no diagnosis would run: "
-                             "set diagnose_every (for example TrainConfig(diagnose_every=50))")
+    _check_train_thresholds(thresholds, diagnoser, config)
     if diagnoser is None and config.diagnose_every is not None:
         diagnoser = Diagnoser(thresholds, history=getattr(inspector, "history", None))
         observers.append(diagnoser)
@@ -610,7 +633,7 @@ class Sabotage:
         if step == self.nan_at:
             batch.inputs[0, 0] = np.nan
 
-
+# %% ../nbs/15_diagnose.ipynb #8f631caa
 def shuffled_labels(config: TrainConfig, seed: int = 7) -> PastTenseData:
     "The run's data with the training targets permuted (the held-out targets are left right)."
     data = run_data(config)
@@ -630,7 +653,7 @@ class GalleryRun(NamedTuple):
     needs: int = 1
     needs_why: str = ""
 
-
+# %% ../nbs/15_diagnose.ipynb #6422e32b
 def gallery(seeds: int = 5, steps: int = 2000) -> list:
     """The gallery's runs for runs of `steps` steps: eight broken ones, then the default config with `seeds` seeds,
     SGD with momentum, and tanh. The NaN goes into the batch of step min(120, steps // 2)."""
@@ -657,16 +680,32 @@ def _accuracy(result: TrainResult) -> dict:
     return {"regular_val": result.accuracy["regular_val"], "irregular_train": result.accuracy["irregular_train"]}
 
 
+def _not_applicable_row(entry: GalleryRun) -> dict:
+    "The row of an entry too long for the gallery's runs: not run, not counted."
+    return to_jsonable({"name": entry.name, "broken": entry.broken, "applicable": False, "needs": entry.needs,
+                        "needs_why": entry.needs_why, "flagged": None, "step": None, "stopped": False,
+                        "reasons": [], "compute_saved": {"steps": 0, "share": 0.0, "seconds": 0.0},
+                        "accuracy_at_stop": None, "final_accuracy": None, "nan_step": None, "seconds": 0.0,
+                        "reports": []})
+
+# %% ../nbs/15_diagnose.ipynb #2b7c1c76
+def _to_the_end(config: TrainConfig, data, entry: GalleryRun, row: dict) -> None:
+    "Train a stopped entry again to the end, undiagnosed; put its final accuracy, or the step of its NaN loss, in `row`."
+    full = dataclasses.replace(config, diagnose_every=None, early_stop=True)   # early stop still ends it at a NaN
+    with np.errstate(all="ignore"):
+        whole = _train(full, data=data, observers=[Sabotage(**entry.sabotage)])
+    if whole.early_stop.stopped:
+        row["final_accuracy"], row["nan_step"] = None, whole.early_stop.step
+    else:
+        row["final_accuracy"] = _accuracy(whole)
+
+# %% ../nbs/15_diagnose.ipynb #52a82627
 def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
                       thresholds: DiagnosticThresholds | None = None, final: bool = True) -> dict:
     """Run one gallery entry with early stop (and, if it stopped and `final`, again to the end); returns its row.
     An entry that `needs` more than `steps` steps is not run: its row has `applicable` False and `flagged` None."""
     if steps < entry.needs:
-        return to_jsonable({"name": entry.name, "broken": entry.broken, "applicable": False, "needs": entry.needs,
-                            "needs_why": entry.needs_why, "flagged": None, "step": None, "stopped": False,
-                            "reasons": [], "compute_saved": {"steps": 0, "share": 0.0, "seconds": 0.0},
-                            "accuracy_at_stop": None, "final_accuracy": None, "nan_step": None, "seconds": 0.0,
-                            "reports": []})
+        return _not_applicable_row(entry)
     config = TrainConfig(**{"steps": steps, "progress": False, **entry.config}, diagnose_every=every, early_stop=True)
     data = shuffled_labels(config) if entry.shuffle else None
     diagnoser = Diagnoser(thresholds)
@@ -682,17 +721,10 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
     if es.stopped and not final:
         row["final_accuracy"] = None
     elif es.stopped:
-        # The whole run, undiagnosed: early stop still ends it cleanly at a non-finite loss, and says where.
-        full = dataclasses.replace(config, diagnose_every=None, early_stop=True)
-        with np.errstate(all="ignore"):
-            whole = _train(full, data=data, observers=[Sabotage(**entry.sabotage)])
-        if whole.early_stop.stopped:
-            row["final_accuracy"], row["nan_step"] = None, whole.early_stop.step
-        else:
-            row["final_accuracy"] = _accuracy(whole)
+        _to_the_end(config, data, entry, row)
     return to_jsonable(row)
 
-
+# %% ../nbs/15_diagnose.ipynb #69af507b
 def run_gallery(steps: int = 2000, seeds: int = 5, every: int = 50, thresholds: DiagnosticThresholds | None = None,
                 runs: list | None = None, progress=None, final: bool = True) -> list:
     "Run every gallery entry (`gallery(seeds, steps)` unless `runs` is given); returns the rows. `progress(row)` after each."
@@ -709,29 +741,31 @@ def _acc(a) -> str:
     return "not run" if a is None else f"{a['regular_val']:.2f}/{a['irregular_train']:.2f}"
 
 
+def _gallery_row(r: dict) -> str:
+    "One row of the gallery's table."
+    kind = "broken" if r["broken"] else "healthy"
+    if not r.get("applicable", True):
+        return f"| {r['name']} | {kind} | n/a | - | not applicable: needs {r['needs']} steps ({r['needs_why']}) | - | not run | - |"
+    saved = r["compute_saved"]
+    seconds = "" if saved["seconds"] is None else f", {saved['seconds']:.1f} s"
+    final = _acc(r["final_accuracy"]) if r["nan_step"] is None else f"NaN loss at step {r['nan_step']}"
+    reasons = "; ".join(r["reasons"]).replace("|", "/") or "-"
+    return (f"| {r['name']} | {kind} | {'yes' if r['flagged'] else 'no'} | {'-' if r['step'] is None else r['step']} | "
+            f"{reasons} | {saved['share']:.0%}{seconds} | {final} | {_acc(r['accuracy_at_stop']) if r['stopped'] else '-'} |")
+
+# %% ../nbs/15_diagnose.ipynb #91824d4e
 def gallery_table(rows: list) -> str:
     "The gallery as a Markdown table."
     lines = ["| run | kind | flagged | step fired | reasons | compute saved | final accuracy | accuracy at stop |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if not r.get("applicable", True):
-            lines.append(f"| {r['name']} | {'broken' if r['broken'] else 'healthy'} | n/a | - | not applicable: needs "
-                         f"{r['needs']} steps ({r['needs_why']}) | - | not run | - |")
-            continue
-        saved = r["compute_saved"]
-        seconds = "" if saved["seconds"] is None else f", {saved['seconds']:.1f} s"
-        final = _acc(r["final_accuracy"]) if r["nan_step"] is None else f"NaN loss at step {r['nan_step']}"
-        reasons = "; ".join(r["reasons"]).replace("|", "/") or "-"
-        lines.append(f"| {r['name']} | {'broken' if r['broken'] else 'healthy'} | {'yes' if r['flagged'] else 'no'} | "
-                     f"{'-' if r['step'] is None else r['step']} | {reasons} | {saved['share']:.0%}{seconds} | "
-                     f"{final} | {_acc(r['accuracy_at_stop']) if r['stopped'] else '-'} |")
+             "|---|---|---|---|---|---|---|---|"] + [_gallery_row(r) for r in rows]
     skipped = [r for r in rows if not r.get("applicable", True)]
     if skipped:
         lines += ["", f"Not applicable, so not run and left out of the counts: {len(skipped)} "
-                  f"{'run' if len(skipped) == 1 else 'runs'} too short to show their fault: " + "; ".join(f"{r['name']} needs {r['needs']} steps" for r in skipped) + "."]
+                  f"{'run' if len(skipped) == 1 else 'runs'} too short to show their fault: "
+                  + "; ".join(f"{r['name']} needs {r['needs']} steps" for r in skipped) + "."]
     return "\n".join(lines)
 
-
+# %% ../nbs/15_diagnose.ipynb #20fddff1
 LOWER_IS_WORSE = ("gradient_floor", "vanishing_gradient")
 
 
@@ -751,7 +785,7 @@ def healthy_margins(rows: list) -> dict:
                                   "threshold": c["threshold"]}
     return out
 
-
+# %% ../nbs/15_diagnose.ipynb #68af7b16
 def gallery_summary(rows: list) -> dict:
     """Targets: broken runs flagged, healthy runs flagged (false positives), and runs whose NaN loss the protocol beat.
     Runs not applicable at this length are left out of every count and listed in `not_applicable`."""
@@ -786,7 +820,7 @@ def diagnosis_cost(steps: int = 500, every: int = 50, repeats: int = 5, blas: in
             "one_diagnosis_seconds": spread(one), "step_seconds": spread(step_time), "share": spread(share),
             "interleaved_overhead": spread(overhead)}
 
-
+# %% ../nbs/15_diagnose.ipynb #76708ee3
 def cost_lines(cost: dict) -> list:
     "The cost measurement in words."
     one, share, ov, st = (cost[k] for k in ("one_diagnosis_seconds", "share", "interleaved_overhead", "step_seconds"))

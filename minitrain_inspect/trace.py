@@ -49,7 +49,7 @@ __all__ = ['PHASES', 'TRACE_FORMAT', 'TRACE_VERSION', 'DEFAULT_TOLERANCES', 'RES
 PHASES = ("batch", "forward", "loss", "loss_grad", "act_grad", "param_grad", "param_before", "param_after",
           "param_resync")
 
-
+# %% ../nbs/14_trace.ipynb #1f472412
 class TraceEvent(NamedTuple):
     "One recorded array: optimiser `step`, `probe` (layer, parameter, `inputs`, `targets`, `logits` or `loss`), `phase`, `value`."
     step: int
@@ -57,7 +57,7 @@ class TraceEvent(NamedTuple):
     phase: str
     value: np.ndarray
 
-
+# %% ../nbs/14_trace.ipynb #d0220449
 def as_sink(sink) -> Callable[[TraceEvent], None]:
     "`sink` as a callable taking a `TraceEvent`: a callable itself, or an object's `record` method."
     record = getattr(sink, "record", None)
@@ -67,7 +67,7 @@ def as_sink(sink) -> Callable[[TraceEvent], None]:
         return sink
     raise TypeError(f"a trace sink must be callable or have a record(event) method, got {type(sink).__name__}")
 
-
+# %% ../nbs/14_trace.ipynb #abfc5089
 class TraceBuffer:
     "A sink that keeps every event in memory; `trace(**meta)` returns them as a `Trace`."
 
@@ -99,7 +99,7 @@ def _check_event(event, where: str) -> TraceEvent:
                         f"got an array of dtype {event.value.dtype}")
     return event
 
-
+# %% ../nbs/14_trace.ipynb #4ebab3fc
 class Trace:
     "The probes of one or more steps, in computation order, each (step, probe, phase) once; `meta` describes the run."
 
@@ -173,7 +173,7 @@ class _StepRecord:
 # %% ../nbs/14_trace.ipynb #e9288b9a
 class _TracerHooks:
     """The hook handlers of `Tracer` (a mixin: `Tracer` supplies `_record`, `_names` and `_flush`); the leaf layers'
-    handlers `_leaf_forward` and `_leaf_backward` are attached below."""
+    handlers are the functions `_leaf_forward` and `_leaf_backward`, written below."""
 
     def _model_forward(self, module, args, kwargs, output):
         record = self._record(module)
@@ -216,7 +216,7 @@ def _step_number(s) -> int:
         raise ValueError(f"trace steps must be non-negative integers, got {s!r}")
     return int(s)
 
-
+# %% ../nbs/14_trace.ipynb #3c9a7588
 class _TracerWiring:
     "Attaching and removing `Tracer`'s hooks, and its observer events."
 
@@ -230,8 +230,8 @@ class _TracerWiring:
         handles = []
         try:
             for name, module in named:
-                handles.append(module.register_forward_hook(functools.partial(self._leaf_forward, name=name)))
-                handles.append(module.register_backward_hook(functools.partial(self._leaf_backward, name=name)))
+                handles.append(module.register_forward_hook(functools.partial(_leaf_forward, self, name=name)))
+                handles.append(module.register_backward_hook(functools.partial(_leaf_backward, self, name=name)))
                 self._params_of[name] = [f"{name}.{a}" for a, v in vars(module).items() if isinstance(v, Parameter)]
             if named[0][1] is not model:
                 handles.append(model.register_forward_hook(self._model_forward))
@@ -265,6 +265,10 @@ class _TracerWiring:
         self.remove()
         return False
 
+# %% ../nbs/14_trace.ipynb #4520e070
+class _TracerObserver:
+    "The tracer as an observer of `train`: attach at the start, number each step, remove every hook at the end."
+
     def begin_run(self, run) -> None:
         "Observer event: attach to the run's model, loss and optimiser."
         self.attach(run.model, run.loss_fn, run.optimizer)
@@ -279,7 +283,7 @@ class _TracerWiring:
         self.remove()
 
 # %% ../nbs/14_trace.ipynb #45abd8df
-class Tracer(_TracerHooks, _TracerWiring):
+class Tracer(_TracerHooks, _TracerWiring, _TracerObserver):
     "Records the probes of training steps through hooks and hands them, step by step in computation order, to `sink`."
 
     def __init__(self, sink, *, steps: Iterable[int] | None = None):
@@ -319,21 +323,23 @@ class Tracer(_TracerHooks, _TracerWiring):
 
 # %% ../nbs/14_trace.ipynb #4740c9c8
 def minitrain_step(model: Module, loss_fn: Module, optimizer: Optimizer, inputs: np.ndarray,
-                   targets: np.ndarray) -> float:
-    "One training step as `train` takes it (zero grads, forward, loss, backprop, update); returns the loss."
-    model.zero_grad()
-    logits = model(inputs)
-    loss = loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"loss is {loss}")
-    model.backprop(loss_fn.backward().reshape(logits.shape))
-    optimizer.step()
+                   targets: np.ndarray, *, threads: int | None = 1) -> float:
+    """One training step as `train` takes it (zero grads, forward, loss, backprop, update), under `threads` BLAS threads
+    as `train` pins them (`None`: the caller's setting, for a caller that pinned them already); returns the loss."""
+    with contextlib.nullcontext() if threads is None else blas_threads(threads):
+        model.zero_grad()
+        logits = model(inputs)
+        loss = loss_fn(logits.reshape(targets.shape + (-1,)), targets).loss
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss}")
+        model.backprop(loss_fn.backward().reshape(logits.shape))
+        optimizer.step()
     return loss
 
 # %% ../nbs/14_trace.ipynb #aea48550
-def _leaf_forward(self, module, args, kwargs, output, name):
+def _leaf_forward(tracer, module, args, kwargs, output, name):
     "Forward hook of leaf layer `name`: record its output as probe `name` (`name#k` for its k-th call in the step) and its input's source."
-    record = self._record(module)
+    record = tracer._record(module)
     if record is None:
         return
     ### BEGIN SOLUTION
@@ -346,13 +352,10 @@ def _leaf_forward(self, module, args, kwargs, output, name):
     record.forward.append(record.event(probe, "forward", output))
     ### END SOLUTION
 
-
-_TracerHooks._leaf_forward = _leaf_forward
-
 # %% ../nbs/14_trace.ipynb #2fd1bde4
-def _leaf_backward(self, module, grad_output, name):
+def _leaf_backward(tracer, module, grad_output, name):
     "Backward hook of leaf layer `name`: record the gradient arriving at its output, named after the forward call it undoes."
-    record = self._record(module)
+    record = tracer._record(module)
     if record is None:
         return
     ### BEGIN SOLUTION
@@ -363,13 +366,10 @@ def _leaf_backward(self, module, grad_output, name):
     record.backward.append(record.event(probe, "act_grad", grad_output))
     ### END SOLUTION
 
-
-_TracerHooks._leaf_backward = _leaf_backward
-
 # %% ../nbs/14_trace.ipynb #c4975d5b
 TRACE_FORMAT, TRACE_VERSION = "minitrain-trace", 1
 
-
+# %% ../nbs/14_trace.ipynb #1bc19dee
 def save_trace(trace: Trace, folder, name: str) -> tuple[Path, Path]:
     "Write `trace` as `folder/name.npz` and its manifest `folder/name.json`, each atomically; returns both paths."
     if not isinstance(trace, Trace):
@@ -429,7 +429,7 @@ def _entry_array(entry: dict, arrays, dtype: np.dtype, where: str) -> np.ndarray
     return value
     ### END SOLUTION
 
-
+# %% ../nbs/14_trace.ipynb #721c4c7a
 def _checked_entry(entry, arrays, where: str) -> TraceEvent:
     "The event described by manifest `entry`, its array taken from `arrays`; `ValueError` naming `where` if anything is off."
     step, dtype = _entry_fields(entry, where)
@@ -476,12 +476,12 @@ def load_trace(path) -> Trace:
 # %% ../nbs/14_trace.ipynb #36f74f0d
 DEFAULT_TOLERANCES = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7)}
 
-
+# %% ../nbs/14_trace.ipynb #18c61a55
 def _trace_dtype(trace: Trace) -> str:
     kinds = {e.value.dtype for e in trace.events if e.value.dtype.kind == "f" and e.phase != "loss"}
     return "float32" if np.dtype(np.float32) in kinds or not kinds else "float64"
 
-
+# %% ../nbs/14_trace.ipynb #3356a831
 def tolerances(dtype, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
     "`(rtol, atol)`: the given values, or `assert_close`'s defaults for `dtype` (float32 or float64)."
     name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
@@ -597,7 +597,7 @@ class Comparison:
 # %% ../nbs/14_trace.ipynb #5009d65e
 RESYNC_NOTE = "judged on the optimiser's step from the reference's parameters and gradients (param_resync)"
 
-
+# %% ../nbs/14_trace.ipynb #0e0f0ce8
 def judged_pair(a: Trace, b: Trace, key) -> tuple[np.ndarray, np.ndarray, str | None]:
     """The arrays row `key` of `a` against reference `b` is judged on, and a note: `a[key]` and `b[key]`, except that a
     free-running `param_after` is judged through `a`'s `param_resync` (see above); a shape mismatch is noted."""
@@ -610,7 +610,7 @@ def judged_pair(a: Trace, b: Trace, key) -> tuple[np.ndarray, np.ndarray, str | 
         note = f"shapes differ: {list(got.shape)} against the reference's {list(ref.shape)}"
     return got, ref, note
 
-
+# %% ../nbs/14_trace.ipynb #40ece82e
 def _row_keys(a: Trace, b: Trace) -> list[tuple]:
     "Every (step, probe, phase) of `a` in order, then those only in `b`; `param_resync` probes feed rows, not make them."
     keys = a.keys() + [k for k in b.keys() if k not in a]
@@ -707,7 +707,7 @@ def minitrain_copy(model: Module, dtype="float64", _memo: dict | None = None) ->
     memo[id(model)] = new
     return new
 
-
+# %% ../nbs/14_trace.ipynb #96e9ac2d
 def _optimizer_param_names(optimizer: Optimizer, model: Module) -> list[str]:
     "The name in `model` of each of `optimizer`'s parameters; `ValueError` if one is not the model's."
     names = {id(p): n for n, p in model.named_parameters()}
@@ -717,7 +717,7 @@ def _optimizer_param_names(optimizer: Optimizer, model: Module) -> list[str]:
                          "build the optimiser over model.parameters()")
     return [names[id(p)] for p in optimizer.params]
 
-
+# %% ../nbs/14_trace.ipynb #080c3be1
 def copy_optimizer(optimizer: Optimizer, model: Module, copy: Module) -> Optimizer:
     "An optimiser like `optimizer` (SGD or Adam, same settings and state) over `copy`'s parameters, paired by name."
     if not isinstance(optimizer, (SGD, Adam)):
@@ -749,7 +749,7 @@ def shadow_optimizer(optimizer: Optimizer, model: Module) -> tuple[Optimizer, di
     clone._step_pre_hooks, clone._step_post_hooks, clone._stepping = {}, {}, False
     return clone, fresh
 
-
+# %% ../nbs/14_trace.ipynb #642392ee
 def shadow_update(shadow: Optimizer, fresh: dict, ref: dict) -> dict:
     "Step `shadow` from the reference's `param_before` and `param_grad` (`ref[(name, phase)]`); `{name: parameter after}`."
     for name, p in fresh.items():
@@ -784,6 +784,34 @@ class MinitrainReference:
         self.graph = tracer.graph
         return buf.events
 
+# %% ../nbs/14_trace.ipynb #63d8313e
+def _torch_hooks(leaves: list, pairs: list, optimizer, record: Callable) -> list:
+    """PyTorch hooks that `record(probe, phase, value)` what the tracer records on minitrain: each leaf's output and the
+    gradient arriving at it, each parameter's gradient (in minitrain's layout), the parameters around the step."""
+    calls, handles = {}, []
+
+    def forward(module, args, output, name):
+        k = calls[name] = calls.get(name, -1) + 1
+        probe = name if k == 0 else f"{name}#{k}"
+        record(probe, "forward", output)
+        if output.requires_grad:
+            handles.append(output.register_hook(lambda g: record(probe, "act_grad", g)))
+
+    def params(phase):
+        def hook(optimizer, args, kwargs):   # must return None: a pre hook's result replaces the arguments
+            for p in pairs:
+                record(p.name, phase, to_numpy_layout(p.tensor, p.transposed))
+        return hook
+
+    for name, module in leaves:
+        handles.append(module.register_forward_hook(functools.partial(forward, name=name)))
+    for pair in pairs:
+        hook = lambda p, name=pair.name, t=pair.transposed: record(name, "param_grad", to_numpy_layout(p.grad, t))
+        handles.append(pair.tensor.register_post_accumulate_grad_hook(hook))
+    handles.append(optimizer.register_step_pre_hook(params("param_before")))
+    handles.append(optimizer.register_step_post_hook(params("param_after")))
+    return handles
+
 # %% ../nbs/14_trace.ipynb #6a51dcf3
 class TorchReference:
     "The reference side of a comparison: the PyTorch twin of the model (float64 by default), traced with PyTorch's hooks."
@@ -797,31 +825,6 @@ class TorchReference:
         self.source = f"torch {torch.__version__} {self.dtype}"
         self.leaves = [(n, m) for n, m in self.twin.named_modules() if n and not list(m.children())]
 
-    def _hooks(self, record: Callable) -> list:
-        calls, handles = {}, []
-
-        def forward(module, args, output, name):
-            k = calls[name] = calls.get(name, -1) + 1
-            probe = name if k == 0 else f"{name}#{k}"
-            record(probe, "forward", output)
-            if output.requires_grad:
-                handles.append(output.register_hook(lambda g: record(probe, "act_grad", g)))
-
-        for name, module in self.leaves:
-            handles.append(module.register_forward_hook(functools.partial(forward, name=name)))
-        for pair in self.pairs:
-            hook = lambda p, name=pair.name, t=pair.transposed: record(name, "param_grad", to_numpy_layout(p.grad, t))
-            handles.append(pair.tensor.register_post_accumulate_grad_hook(hook))
-        def params(phase):
-            def hook(optimizer, args, kwargs):   # must return None: a pre hook's result replaces the arguments
-                for p in self.pairs:
-                    record(p.name, phase, to_numpy_layout(p.tensor, p.transposed))
-            return hook
-
-        handles.append(self.optimizer.register_step_pre_hook(params("param_before")))
-        handles.append(self.optimizer.register_step_post_hook(params("param_after")))
-        return handles
-
     def step(self, step: int, inputs, targets, masks: dict) -> list[TraceEvent]:
         "Take one step of the twin on the batch with the given dropout keep patterns; its events in computation order."
         torch = self.torch
@@ -829,7 +832,7 @@ class TorchReference:
         record = lambda probe, phase, value: events.append(
             TraceEvent(step, probe, phase, value if isinstance(value, np.ndarray) else to_numpy_layout(value)))
         replay_masks(self.twin, masks)
-        handles = self._hooks(record)
+        handles = _torch_hooks(self.leaves, self.pairs, self.optimizer, record)
         try:
             self.optimizer.zero_grad(set_to_none=True)
             x = torch.as_tensor(np.asarray(inputs)).to(next(self.twin.parameters()).dtype)
@@ -869,11 +872,11 @@ def _batch_arrays(batch) -> tuple[np.ndarray, np.ndarray]:
             return inputs, targets
     raise TypeError(f"a batch must be a Batch or an (inputs, targets) pair of arrays, got {type(batch).__name__}")
 
-
+# %% ../nbs/14_trace.ipynb #f0c95005
 def _dropout_rngs(model: Module) -> dict:
     return {n: m.rng for n, m in model.named_modules() if isinstance(m, Dropout)}
 
-
+# %% ../nbs/14_trace.ipynb #e156a8ef
 def _graph_pass(model: Module, loss_fn: Module, inputs, targets) -> tuple[dict, dict, list[str]]:
     "A forward pass that changes nothing: the masks it draws, the layer graph, and the layers whose outputs make the logits."
     rngs = _dropout_rngs(model)
@@ -944,7 +947,7 @@ def _resync_backward(model: Module, optimizer: Optimizer, ref: dict, graph: dict
     ### END SOLUTION
     return ev
 
-
+# %% ../nbs/14_trace.ipynb #23b4d7d9
 def resynced_step(model: Module, loss_fn: Module, optimizer: Optimizer, step: int, inputs, targets, ref: dict,
                   graph: dict, terminals: list[str]) -> dict:
     "One step of `model` with every layer fed the reference's inputs (`ref[(probe, phase)]`); its probes by (probe, phase)."
@@ -960,7 +963,7 @@ def _check_training_mode(model: Module) -> None:
         raise ValueError(f"cannot trace a training step in evaluation mode ({', '.join(in_eval[:3])} in eval mode): "
                          "the tracer records training-mode passes only; call model.train() first")
 
-
+# %% ../nbs/14_trace.ipynb #5e1e5e3d
 @contextlib.contextmanager
 def _diverged_at(step: int, whose: str = "the "):
     "Re-raise a non-finite loss as one `FloatingPointError` naming `step` (kept on the error as `.step`, `.detail`)."
@@ -974,9 +977,15 @@ def _diverged_at(step: int, whose: str = "the "):
 # %% ../nbs/14_trace.ipynb #33a0ce10
 def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compare: str = "float64",
                resync: bool = False, loss_fn: Module | None = None, ref_dtype=None,
-               meta: dict | None = None) -> tuple[Trace, Trace]:
+               meta: dict | None = None, threads: int = 1) -> tuple[Trace, Trace]:
     """Trace `model` and a reference (`compare`) over `batches`, free-running or re-synced; returns `(trace, reference)`.
-    The reference computes in `ref_dtype`: by default float64 for `compare="float64"`, the model's dtype for `"torch"`."""
+    The reference computes in `ref_dtype`: by default float64 for `compare="float64"`, the model's dtype for `"torch"`.
+    Every step runs under `threads` BLAS threads, as `train` runs it."""
+    with blas_threads(threads):
+        return _trace_pair(model, optimizer, batches, compare, resync, loss_fn, ref_dtype, meta)
+
+# %% ../nbs/14_trace.ipynb #9f932bc9
+def _trace_pair(model, optimizer, batches, compare, resync, loss_fn, ref_dtype, meta) -> tuple[Trace, Trace]:
     loss_fn = SoftmaxCrossEntropy() if loss_fn is None else loss_fn
     _check_training_mode(model)
     dtype = str(model.parameters()[0].dtype)
@@ -990,7 +999,7 @@ def trace_pair(model: Module, optimizer: Optimizer, batches: Iterable, *, compar
             tracer.step = k
             shadow, fresh = shadow_optimizer(optimizer, model)   # the optimiser's state before this step
             with _diverged_at(k), record_masks(model) as masks, tracer.attach(model, loss_fn, optimizer):
-                minitrain_step(model, loss_fn, optimizer, inputs, targets)
+                minitrain_step(model, loss_fn, optimizer, inputs, targets, threads=None)
             with _diverged_at(k, "the reference's "):
                 step_events = ref.step(k, inputs, targets, masks)
             ref_events += step_events
@@ -1029,7 +1038,7 @@ def sweep_batches(split, batch_size: int, batches: int, steps: int, seed: int = 
         groups.append(group)
     return groups
 
-
+# %% ../nbs/14_trace.ipynb #e27999ed
 class Sweep:
     "Comparisons over several batches, aggregated per (step, probe, phase)."
 
@@ -1082,7 +1091,8 @@ def sweep(config: TrainConfig, *, compare: str = "float64", batches: int = 1, st
             model, optimizer, loss_fn = build_run(config)
             meta = {"config": asdict(config), "seed": config.seed, "batch": i}
             try:
-                a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta)
+                a, b = trace_pair(model, optimizer, group, compare=compare, resync=resync, loss_fn=loss_fn, meta=meta,
+                                  threads=config.blas_threads)
             except FloatingPointError as exc:
                 if not hasattr(exc, "step"):
                     raise
@@ -1091,7 +1101,7 @@ def sweep(config: TrainConfig, *, compare: str = "float64", batches: int = 1, st
             traces.append((a, b))
     return Sweep(comparisons, traces)
 
-
+# %% ../nbs/14_trace.ipynb #31b88fe6
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
@@ -1102,12 +1112,12 @@ def _positive_int(name: str, value) -> int:
 # %% ../nbs/14_trace.ipynb #8f7b3edb
 FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
 
-
+# %% ../nbs/14_trace.ipynb #eb055632
 def _rms(x: np.ndarray) -> float:
     x = np.asarray(x, dtype=np.float64)
     return _norm(x) / math.sqrt(x.size) if x.size else 0.0
 
-
+# %% ../nbs/14_trace.ipynb #441d1552
 def rounding_ratio(got: np.ndarray, ref: np.ndarray) -> float:
     """rms(got - ref) / (u32 rms(ref)) over the positions where both are finite; `inf` when the shapes differ or a NaN or
     infinity is not matched by the same on the other side (same NaN positions and same signed infinities agree)."""
@@ -1120,14 +1130,14 @@ def rounding_ratio(got: np.ndarray, ref: np.ndarray) -> float:
     err, expected = _rms(got[finite] - ref[finite]), FLOAT32_UNIT_ROUNDOFF * _rms(ref[finite])
     return 0.0 if err == 0 else (err / expected if expected > 0 else math.inf)
 
-
+# %% ../nbs/14_trace.ipynb #5629eb29
 def _check_multiplier(multiplier) -> float:
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0 \
             or not math.isfinite(multiplier):
         raise ValueError(f"multiplier must be a positive finite number, got {multiplier!r}")
     return float(multiplier)
 
-
+# %% ../nbs/14_trace.ipynb #d7b0b4a2
 def compare_rounding(a: Trace, b: Trace, *, multiplier: float = 20.0, atol: float | None = None) -> Comparison:
     """Compare float32 trace `a` with float64 reference `b`: a row drifts when its rounding ratio exceeds `multiplier`
     and its largest absolute error exceeds `atol` (default `multiplier * 2**-24`, the rounding bound of a unit value)."""
@@ -1153,13 +1163,13 @@ def trace_cost(config: TrainConfig | None = None, repeats: int = 7) -> dict:
     model, optimizer, loss_fn = build_run(config)
     times = {"plain": [], "traced": []}
     with blas_threads(config.blas_threads):
-        minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets)   # warm up
+        minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets, threads=None)   # warm up
         for _ in range(repeats):
             for variant in ("plain", "traced"):
                 buf = TraceBuffer()
                 tracer = Tracer(buf).attach(model, loss_fn, optimizer) if variant == "traced" else None
                 start = time.perf_counter()
-                minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets)
+                minitrain_step(model, loss_fn, optimizer, batch.inputs, batch.targets, threads=None)
                 times[variant].append(time.perf_counter() - start)
                 if tracer is not None:
                     tracer.remove()
@@ -1204,7 +1214,7 @@ def _trace_config(args) -> TrainConfig:
                        activation=get("activation"), dropout=get("dropout"), dtype=get("dtype"),
                        blas_threads=get("blas_threads"), progress=False)
 
-
+# %% ../nbs/14_trace.ipynb #9a55306b
 _RUN_FILE = re.compile(r"comparison\.json|(minitrain|float64|torch)-b\d+\.(npz|json)")
 
 
@@ -1225,7 +1235,7 @@ def _check_out_folder(out: Path) -> Path:
         raise ValueError(f"cannot write to folder {existing}")
     return out
 
-
+# %% ../nbs/14_trace.ipynb #73fa3ca6
 def _sweep_options(args, config: TrainConfig) -> dict:
     "The checked comparison options of `args`: compare, batches, steps, resync, rtol, atol, multiplier, rounding."
     if args.compare not in COMPARE_WITH:
@@ -1248,7 +1258,35 @@ def _sweep_options(args, config: TrainConfig) -> dict:
             "steps": _positive_int("steps", args.steps), "resync": bool(args.resync), "rtol": rtol, "atol": atol,
             "multiplier": multiplier, "rounding": rounding}
 
+# %% ../nbs/14_trace.ipynb #a55eeff7
+def _write_trace_files(staging: Path, result: Sweep, args, config: TrainConfig, opts: dict) -> dict:
+    "Write both traces of every batch and `comparison.json` into `staging`; returns the JSON report."
+    for i, (a, b) in enumerate(result.traces):
+        save_trace(a, staging, f"minitrain-b{i:02d}")
+        save_trace(b, staging, f"{args.compare}-b{i:02d}")
+    fd, used = result.first_drift, result.comparisons[0]
+    report = to_jsonable({
+        "first_drift": None if fd is None else {k: fd[k] for k in ("probe", "phase", "max_abs", "max_rel", "step",
+                                                                    "batch", "written_by")},
+        "rows": result.rows, "param_grads": result.param_grad_summary(), "compare": args.compare,
+        "dtype": config.dtype, "mode": "resync" if opts["resync"] else "free", "batches": opts["batches"],
+        "steps": opts["steps"], "criterion": used.criterion, "rtol": used.rtol, "atol": used.atol,
+        "multiplier": used.multiplier, "config": asdict(config)})
+    atomic_write_text(staging / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
+    return report
 
+
+def _remove_new_folders(out: Path, first_missing: Path | None) -> None:
+    "After a failed run, remove the empty folders it created above `out` (from `first_missing` down)."
+    if first_missing is None or out.exists():
+        return
+    for folder in (out.parent, *out.parent.parents):
+        if folder == first_missing.parent:
+            break
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+# %% ../nbs/14_trace.ipynb #189f5e0a
 def run_trace(args) -> tuple[dict, Sweep]:
     "The work of `trace_command`: check everything, sweep, publish the files in one move; returns the JSON report and the sweep."
     config = _trace_config(args)
@@ -1266,35 +1304,19 @@ def run_trace(args) -> tuple[dict, Sweep]:
         if opts["rounding"]:   # float32 against float64: judged against float32 rounding, as PyTorch's accuracy checker does
             result = Sweep([compare_rounding(a, b, multiplier=opts["multiplier"], atol=opts["atol"])
                             for a, b in result.traces], result.traces)
-        for i, (a, b) in enumerate(result.traces):
-            save_trace(a, staging, f"minitrain-b{i:02d}")
-            save_trace(b, staging, f"{args.compare}-b{i:02d}")
-        fd, used = result.first_drift, result.comparisons[0]
-        report = to_jsonable({
-            "first_drift": None if fd is None else {k: fd[k] for k in ("probe", "phase", "max_abs", "max_rel", "step",
-                                                                        "batch", "written_by")},
-            "rows": result.rows, "param_grads": result.param_grad_summary(), "compare": args.compare,
-            "dtype": config.dtype, "mode": "resync" if opts["resync"] else "free", "batches": opts["batches"],
-            "steps": opts["steps"], "criterion": used.criterion, "rtol": used.rtol, "atol": used.atol,
-            "multiplier": used.multiplier, "config": asdict(config)})
-        atomic_write_text(staging / "comparison.json", json.dumps(report, allow_nan=False, indent=1))
+        report = _write_trace_files(staging, result, args, config, opts)
         replace_folder(staging, out)
     finally:
         with sigint_deferred():
             shutil.rmtree(staging, ignore_errors=True)
-            if first_missing is not None and not out.exists():   # leave no empty folders behind a failed run
-                for folder in (out.parent, *out.parent.parents):
-                    if folder == first_missing.parent:
-                        break
-                    with contextlib.suppress(OSError):
-                        folder.rmdir()
+            _remove_new_folders(out, first_missing)
     return report, result
 
 # %% ../nbs/14_trace.ipynb #a9bd6b0f
 def _fmt_error(v) -> str:
     return "inf" if v is None or not math.isfinite(v) else f"{v:.3e}"
 
-
+# %% ../nbs/14_trace.ipynb #7db4e68c
 def trace_command(args) -> int:
     "Run `minitrain-inspect trace` on parsed `args`; prints the table or JSON; 0 no drift, 1 drift, 2 error (one line)."
     try:

@@ -24,45 +24,55 @@ from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
 
 # %% auto #0
-__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'PastTenseModel', 'evaluating', 'predict_logits',
-           'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'step_loss', 'step_update', 'params_sha256',
-           'EarlyStop', 'TrainResult', 'RunControl', 'RunContext', 'run_data', 'build_run', 'training_steps',
-           'run_to_end', 'train']
+__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'past_tense_mlp', 'copy_path', 'PastTenseModel',
+           'evaluating', 'predict_logits', 'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'step_loss',
+           'step_update', 'params_sha256', 'EarlyStop', 'TrainResult', 'RunControl', 'RunContext', 'run_data',
+           'build_run', 'training_steps', 'run_to_end', 'train']
 
-# %% ../nbs/07_train.ipynb #f6e8ecbe
+# %% ../nbs/07_train.ipynb #7cfd57dd
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
 OUTPUT_FEATURES = MAX_PAST_LEN * N_SYMBOLS
 
 
+def past_tense_mlp(hidden: tuple, activation: str, dropout: float, seed: int, dtype) -> Sequential:
+    "The MLP path: `hidden` layers with `activation` and dropout, then the output layer; seeded from `seed`."
+    activations = {"relu": ReLU, "tanh": Tanh}
+    if activation not in activations:
+        raise ValueError(f"activation must be one of {sorted(activations)}, got {activation!r}")
+    # Independent, seeded streams for each layer's weights and each dropout mask.
+    streams = iter(np.random.SeedSequence(seed).spawn(2 * len(hidden) + 2))
+    layers, width = {}, INPUT_FEATURES
+    for i, h in enumerate(hidden, start=1):
+        init = "he" if activation == "relu" else "xavier"
+        layers[f"hidden{i}"] = Linear(width, h, init=init, rng=np.random.default_rng(next(streams)), dtype=dtype)
+        layers[f"act{i}"] = activations[activation]()
+        if dropout:
+            layers[f"drop{i}"] = Dropout(dropout, rng=np.random.default_rng(next(streams)))
+        width = h
+    layers["output"] = Linear(width, OUTPUT_FEATURES, init="xavier", rng=np.random.default_rng(next(streams)),
+                              dtype=dtype)
+    return Sequential(**layers)
+
+# %% ../nbs/07_train.ipynb #9984ea5a
+def copy_path(dtype, copy_init: float = 3.0) -> Linear:
+    "A linear map without bias from the lemma to the logits that copies each letter to its position (weight `copy_init`)."
+    copy = Linear(INPUT_FEATURES, OUTPUT_FEATURES, bias=False, dtype=dtype)
+    copy.weight.data[...] = 0
+    for pos in range(MAX_LEMMA_LEN):
+        for sym in range(N_SYMBOLS):
+            copy.weight.data[pos * N_SYMBOLS + sym, pos * N_SYMBOLS + sym] = copy_init
+    return copy
+
+# %% ../nbs/07_train.ipynb #d93647be
 class PastTenseModel(Module):
     "MLP from the one-hot lemma to per-position logits, plus a linear `copy` path initialised to copy the lemma."
 
     def __init__(self, hidden: Iterable[int] = (256, 256), activation: str = "relu", dropout: float = 0.3,
                  seed: int = 0, dtype="float32", copy_init: float = 3.0):
         super().__init__()
-        activations = {"relu": ReLU, "tanh": Tanh}
-        if activation not in activations:
-            raise ValueError(f"activation must be one of {sorted(activations)}, got {activation!r}")
-        hidden = tuple(hidden)
         dtype = as_float_dtype(dtype)
-        # Independent, seeded streams for each layer's weights and each dropout mask.
-        streams = iter(np.random.SeedSequence(seed).spawn(2 * len(hidden) + 2))
-        layers, width = {}, INPUT_FEATURES
-        for i, h in enumerate(hidden, start=1):
-            init = "he" if activation == "relu" else "xavier"
-            layers[f"hidden{i}"] = Linear(width, h, init=init, rng=np.random.default_rng(next(streams)), dtype=dtype)
-            layers[f"act{i}"] = activations[activation]()
-            if dropout:
-                layers[f"drop{i}"] = Dropout(dropout, rng=np.random.default_rng(next(streams)))
-            width = h
-        layers["output"] = Linear(width, OUTPUT_FEATURES, init="xavier", rng=np.random.default_rng(next(streams)),
-                                  dtype=dtype)
-        self.mlp = Sequential(**layers)
-        self.copy = Linear(INPUT_FEATURES, OUTPUT_FEATURES, bias=False, dtype=dtype)
-        self.copy.weight.data[...] = 0
-        for pos in range(MAX_LEMMA_LEN):
-            for sym in range(N_SYMBOLS):
-                self.copy.weight.data[pos * N_SYMBOLS + sym, pos * N_SYMBOLS + sym] = copy_init
+        self.mlp = past_tense_mlp(tuple(hidden), activation, dropout, seed, dtype)
+        self.copy = copy_path(dtype, copy_init)
 
     def forward(self, x):
         "Logits, flat: `(N, OUTPUT_FEATURES)`, the sum of the MLP and the copy path."
@@ -72,7 +82,7 @@ class PastTenseModel(Module):
         "The input gradient: the sum of both paths' input gradients."
         return self.mlp.run_backward(grad_output) + self.copy.run_backward(grad_output)
 
-# %% ../nbs/07_train.ipynb #9c4d8aa1
+# %% ../nbs/07_train.ipynb #74107592
 @contextmanager
 def evaluating(*modules: Module) -> Iterator[None]:
     "Put `modules` in evaluation mode for the body, then give each back the mode it had (also on error)."
@@ -85,7 +95,7 @@ def evaluating(*modules: Module) -> Iterator[None]:
         for module, mode in zip(modules, modes):
             module.train(mode)
 
-
+# %% ../nbs/07_train.ipynb #8d15f232
 def predict_logits(model: Module, inputs: np.ndarray) -> np.ndarray:
     "Logits of shape `(N, MAX_PAST_LEN, N_SYMBOLS)`, computed in evaluation mode."
     with evaluating(model):
@@ -96,7 +106,7 @@ def predict(model: Module, split: Split) -> list[str]:
     "The predicted past tense of every example in `split`."
     return [decode_word(row) for row in predict_logits(model, split.inputs).argmax(-1)]
 
-
+# %% ../nbs/07_train.ipynb #8b5a8afd
 def accuracy(model: Module, data: PastTenseData) -> dict[str, float]:
     "Exact-match accuracy on regular/irregular verbs of the training and held-out sets (`nan` where there are none)."
     out = {}
@@ -106,7 +116,7 @@ def accuracy(model: Module, data: PastTenseData) -> dict[str, float]:
             out[f"{cls}_{split_name}"] = float(correct[mask].mean()) if mask.any() else math.nan
     return out
 
-# %% ../nbs/07_train.ipynb #e8889e3c
+# %% ../nbs/07_train.ipynb #ac6802ff
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
@@ -125,6 +135,12 @@ def _real(name, value, low, high, low_open=False):
     return value
 
 
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(repr(c) for c in choices)}, got {value!r}")
+    return value
+
+# %% ../nbs/07_train.ipynb #db2af069
 @dataclass
 class TrainConfig:
     "Every setting of a training run. The defaults are the reference workload."
@@ -146,20 +162,16 @@ class TrainConfig:
     early_stop: bool = False            # stop cleanly when an observer asks, or at a non-finite loss
 
     def __post_init__(self):
-        self.steps = _integer("steps", self.steps, 0)
+        self.steps, self.seed = _integer("steps", self.steps, 0), _integer("seed", self.seed, 0)
         self.batch_size = _integer("batch_size", self.batch_size, 1)
         self.lr = _real("lr", self.lr, 0.0, math.inf, low_open=True)
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        self.optimizer = _choice("optimizer", self.optimizer, ("adam", "sgd"))
         self.momentum = _real("momentum", self.momentum, 0.0, 1.0)
-        self.seed = _integer("seed", self.seed, 0)
-        if isinstance(self.hidden, (int, np.integer)):
-            self.hidden = (self.hidden,)
-        self.hidden = tuple(_integer("hidden width", h, 1) for h in self.hidden)
+        widths = (self.hidden,) if isinstance(self.hidden, (int, np.integer)) else self.hidden
+        self.hidden = tuple(_integer("hidden width", h, 1) for h in widths)
         if not self.hidden:
             raise ValueError("hidden must list at least one width")
-        if self.activation not in ("relu", "tanh"):
-            raise ValueError(f"activation must be 'relu' or 'tanh', got {self.activation!r}")
+        self.activation = _choice("activation", self.activation, ("relu", "tanh"))
         self.dropout = _real("dropout", self.dropout, 0.0, 1.0)
         self.dtype = str(as_float_dtype(self.dtype))
         self.val_fraction = _real("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True)
@@ -199,7 +211,7 @@ def step_update(model: Module, loss_fn: SoftmaxCrossEntropy, optimizer: Optimize
     optimizer.step()
     ### END SOLUTION
 
-# %% ../nbs/07_train.ipynb #ce910a11
+# %% ../nbs/07_train.ipynb #ac186e80
 def params_sha256(model: Module) -> str:
     "SHA-256 over the bytes of every parameter, in `named_parameters` order."
     digest = hashlib.sha256()
@@ -207,7 +219,7 @@ def params_sha256(model: Module) -> str:
         digest.update(np.ascontiguousarray(p.data).tobytes())
     return digest.hexdigest()
 
-
+# %% ../nbs/07_train.ipynb #e724b060
 @dataclass
 class EarlyStop:
     """Whether a run stopped before its planned steps: `step` is the number of steps run (the first step not run),
@@ -224,7 +236,7 @@ class EarlyStop:
         return {"stopped": self.stopped, "step": self.step, "verdict": self.verdict, "reasons": list(self.reasons),
                 "compute_saved": saved}
 
-
+# %% ../nbs/07_train.ipynb #6ac706d1
 @dataclass
 class TrainResult:
     """What a run returns: the model, the loss history, final accuracies, the parameter digest, the inspector passed
@@ -238,7 +250,7 @@ class TrainResult:
     inspector: object = None
     early_stop: EarlyStop = field(default_factory=EarlyStop)
 
-
+# %% ../nbs/07_train.ipynb #e1f7766c
 VERDICTS = ("trustworthy", "failing")
 
 
@@ -261,7 +273,7 @@ class RunControl:
         self.report(verdict, reasons)
         self.stop_requested = True
 
-
+# %% ../nbs/07_train.ipynb #5bcf973d
 class RunContext(NamedTuple):
     "The parts of a run that observers receive in `begin_run`; through `control` they can stop it."
     model: Module
@@ -274,7 +286,7 @@ class RunContext(NamedTuple):
 
 OBSERVER_EVENTS = ("begin_run", "before_step", "after_step", "end_run")
 
-
+# %% ../nbs/07_train.ipynb #7669f7bf
 def run_data(config: TrainConfig) -> PastTenseData:
     "The dataset a run with `config` trains on (the lab's verbs always in the training split)."
     return make_dataset(config.val_fraction, seed=config.seed, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS,
@@ -295,14 +307,7 @@ def _new_run(config: TrainConfig, data: PastTenseData | None) -> RunContext:
     model, optimizer, loss_fn = build_run(config)
     return RunContext(model, optimizer, loss_fn, config, run_data(config) if data is None else data, RunControl())
 
-
-def _check_diagnosis(config: TrainConfig, observers: list) -> None:
-    if config.diagnose_every is not None and not any(getattr(o, "diagnoses", False) is True for o in observers):
-        raise ValueError(f"TrainConfig(diagnose_every={config.diagnose_every}) needs an observer that runs the "
-                         "diagnosis: pass observers=[Diagnoser()] (from minitrain_inspect.diagnose import Diagnoser), "
-                         "or train with minitrain_inspect.diagnose.train(config)")
-
-
+# %% ../nbs/07_train.ipynb #ea7b7c12
 def _early_stop(config: TrainConfig, control: RunControl, steps_run: int, seconds: float) -> EarlyStop:
     if not control.stop_requested or steps_run >= config.steps:     # a stop asked for after the last step saves nothing
         return EarlyStop(False, None, control.verdict, list(control.reasons))
@@ -310,13 +315,6 @@ def _early_stop(config: TrainConfig, control: RunControl, steps_run: int, second
     per_step = seconds / steps_run if steps_run else math.nan
     saved = {"steps": left, "share": left / config.steps if config.steps else 0.0, "seconds": left * per_step}
     return EarlyStop(True, steps_run, control.verdict, list(control.reasons), saved)
-
-
-def _held_out_loss(run: RunContext) -> float:
-    split = run.data.val
-    with evaluating(run.model, run.loss_fn):  # in eval mode *during* the loss call, so loss hooks can tell
-        logits = run.model(split.inputs).reshape(len(split), MAX_PAST_LEN, N_SYMBOLS)
-        return run.loss_fn(logits, split.targets).loss
 
 
 def _end_run(started: list) -> None:
@@ -331,6 +329,20 @@ def _end_run(started: list) -> None:
     if error is not None:
         raise error
 
+# %% ../nbs/07_train.ipynb #5338bbf9
+def _held_out_loss(run: RunContext) -> float:
+    split = run.data.val
+    with evaluating(run.model, run.loss_fn):  # in eval mode *during* the loss call, so loss hooks can tell
+        logits = run.model(split.inputs).reshape(len(split), MAX_PAST_LEN, N_SYMBOLS)
+        return run.loss_fn(logits, split.targets).loss
+
+
+def _check_diagnosis(config: TrainConfig, observers: list) -> None:
+    if config.diagnose_every is not None and not any(getattr(o, "diagnoses", False) is True for o in observers):
+        raise ValueError(f"TrainConfig(diagnose_every={config.diagnose_every}) needs an observer that runs the "
+                         "diagnosis: pass observers=[Diagnoser()] (from minitrain_inspect.diagnose import Diagnoser), "
+                         "or train with minitrain_inspect.diagnose.train(config)")
+
 # %% ../nbs/07_train.ipynb #17deeb8d
 def _stop_on_non_finite(loss: float, step: int, config: TrainConfig, control: RunControl, after_step: list) -> None:
     "A step's loss is not finite: raise `FloatingPointError`, or under `config.early_stop` tell the observers and stop."
@@ -342,6 +354,24 @@ def _stop_on_non_finite(loss: float, step: int, config: TrainConfig, control: Ru
     if not control.stop_requested:
         control.request_stop([f"non-finite training loss ({loss}) at step {step}"])
     ### END SOLUTION
+
+# %% ../nbs/07_train.ipynb #346d9c32
+def _begin_observers(run: RunContext, observers: list, started: list) -> None:
+    "Call each observer's `begin_run(run)` in turn; `started` lists those that began (their `end_run` is owed)."
+    for observer in observers:
+        begin_run = getattr(observer, "begin_run", None)
+        if callable(begin_run):
+            begin_run(run)
+        started.append(observer)
+
+
+def _evaluate_if_due(run: RunContext, step: int, loss: float, history: dict, bar) -> None:
+    "Every `eval_every` steps and after the last one, record the held-out loss (`nan` without held-out examples)."
+    if (step + 1) % run.config.eval_every == 0 or step == run.config.steps - 1:
+        val_loss = _held_out_loss(run) if len(run.data.val) else math.nan
+        history["val_step"].append(step)
+        history["val_loss"].append(val_loss)
+        bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
 
 # %% ../nbs/07_train.ipynb #9ae651a8
 def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | None = None,
@@ -360,18 +390,12 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
         run = _new_run(config, data)
     model, optimizer, loss_fn, data, control = run.model, run.optimizer, run.loss_fn, run.data, run.control
     history = {"step": [], "loss": [], "val_step": [], "val_loss": []}
-    batches = iterate_batches(data.train, config.batch_size, config.steps, seed=config.seed)
-    bar = tqdm(batches, total=config.steps, disable=not config.progress, desc="training", unit="step",
-               mininterval=0.5)
-    started = []
-    start = time.perf_counter()
+    bar = tqdm(iterate_batches(data.train, config.batch_size, config.steps, seed=config.seed), total=config.steps,
+               disable=not config.progress, desc="training", unit="step", mininterval=0.5)
+    started, start = [], time.perf_counter()
     try:
         with pinned():
-            for observer in observers:
-                begin_run = getattr(observer, "begin_run", None)
-                if callable(begin_run):
-                    begin_run(run)
-                started.append(observer)
+            _begin_observers(run, observers, started)
         before_step = [o.before_step for o in observers if callable(getattr(o, "before_step", None))]
         after_step = [o.after_step for o in observers if callable(getattr(o, "after_step", None))]
         for step, batch in enumerate(bar):
@@ -389,11 +413,7 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
                 history["step"].append(step)
                 history["loss"].append(loss)
                 ### END SOLUTION
-                if (step + 1) % config.eval_every == 0 or step == config.steps - 1:
-                    val_loss = _held_out_loss(run) if len(data.val) else math.nan
-                    history["val_step"].append(step)
-                    history["val_loss"].append(val_loss)
-                    bar.set_postfix(loss=f"{loss:.4f}", val_loss=f"{val_loss:.4f}", refresh=False)
+                _evaluate_if_due(run, step, loss, history, bar)
                 for call in after_step:
                     call(step, loss)
             yield step
@@ -404,12 +424,11 @@ def training_steps(config: TrainConfig | None = None, *, data: PastTenseData | N
         with pinned():
             _end_run(started)
     seconds = time.perf_counter() - start
-    early_stop = _early_stop(config, control, len(history["step"]), seconds)
     with pinned():
         return TrainResult(config, model, history, accuracy(model, data), params_sha256(model), seconds, inspector,
-                           early_stop)
+                           _early_stop(config, control, len(history["step"]), seconds))
 
-
+# %% ../nbs/07_train.ipynb #0103ae1d
 def run_to_end(run: Generator[int, None, TrainResult]) -> TrainResult:
     "Advance a `training_steps` generator to its end and return its result."
     while True:

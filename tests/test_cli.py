@@ -132,6 +132,38 @@ def test_every_bad_output_path_is_refused_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) in (["a-file"], ["a-file", "locked"])
 
 
+REFUSED_IMPORTS = """
+import sys
+from minitrain_inspect.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(code, 'numba' in sys.modules, 'matplotlib' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("command", ["demo", "dashboard"])
+def test_a_refused_out_compiles_and_imports_nothing_for_the_run(tmp_path, command):
+    "Issue 19: the output path is checked before numba (the kernels) or matplotlib (the dashboard) is imported."
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    outs = ["/proc/x", str(a_file), str(a_file / "sub")] if command == "demo" else ["/proc/x.png", str(tmp_path)]
+    for out in outs:
+        argv = ["demo", "--out", out, "--quiet"] if command == "demo" else ["dashboard", str(a_file), "--out", out]
+        r = subprocess.run([sys.executable, "-c", REFUSED_IMPORTS, *argv], capture_output=True, text=True, timeout=120)
+        assert r.stdout == "2 False False\n", (out, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("minitrain-inspect: error:"), r.stderr
+
+
+@pytest.mark.parametrize("flags, words", [(("--budget", "0"), "--budget must be a positive fraction"),
+                                          (("--bench-steps", "2"), "at least 3 steps"),
+                                          (("--bench-repeats", "0"), "--bench-repeats must be at least 1")])
+def test_bad_demo_flags_are_refused_before_the_folder_is_made(tmp_path, flags, words):
+    assert_one_line_error(run("demo", "--out", str(tmp_path / "out"), "--steps", FOREVER, *flags, timeout=60), words)
+    assert not (tmp_path / "out").exists()
+
+
 def test_overhead_writes_no_file_unless_asked(tmp_path):
     r = run("overhead", "--steps", "5", "--repeats", "1", "--widths", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

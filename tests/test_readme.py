@@ -84,19 +84,42 @@ def test_readme_commands_parse():
         build_parser().parse_args(argv)          # exits (failing the test) on an unknown flag or subcommand
 
 
+ACCURACY_ROWS = {"held-out regular": "regular_val", "training irregular": "irregular_train",
+                 "held-out irregular": "irregular_val"}
+
+
 def _readme_accuracy() -> dict:
-    rows = dict(re.findall(r"^\| (held-out regular|training irregular|held-out irregular) verbs[^|]*\| ([0-9.]+) \|",
-                           readme(), flags=re.M))
-    return {"regular_val": float(rows["held-out regular"]), "irregular_train": float(rows["training irregular"]),
-            "irregular_val": float(rows["held-out irregular"])}
+    "The first table: key -> (the value printed, the band's low end, its high end), to two decimals as printed."
+    rows = re.findall(r"^\| (held-out regular|training irregular|held-out irregular) verbs[^|]*"
+                      r"\| ([0-9.]+) \| ([0-9.]+) to ([0-9.]+) \|$", readme(), flags=re.M)
+    assert len(rows) == 3, "README.md: the accuracy table needs three rows: value | low to high"
+    return {ACCURACY_ROWS[name]: tuple(float(v) for v in values) for name, *values in rows}
+
+
+def _readme_kernel_rows() -> list:
+    "The table of kernels: (kernels, three accuracies in the first table's order)."
+    rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", readme(), flags=re.M)
+    return [(name, tuple(float(v) for v in values)) for name, *values in rows]
+
+
+def test_readme_accuracy_tables_agree_with_the_band():
+    "Each value the README prints lies in its band, and the band is what the float32 kernels measured span."
+    table = _readme_accuracy()
+    assert all(low <= value <= high for value, low, high in table.values()), table
+    float32 = [accs for name, accs in _readme_kernel_rows() if "float64" not in name]
+    assert len(float32) >= 4, "README.md: the table of kernels lists the float32 runs measured"
+    for i, key in enumerate(ACCURACY_ROWS.values()):
+        measured, (low, high) = [accs[i] for accs in float32], table[key][1:]     # three decimals against two
+        assert abs(min(measured) - low) <= 0.0051 and abs(max(measured) - high) <= 0.0051, (key, measured, low, high)
 
 
 def test_readme_accuracy_table_reproduces():
-    "The table is what the default configuration gives (one BLAS thread, whatever the environment)."
+    """The default configuration lands in the README's band (measured over OpenBLAS's kernels): float32 training
+    depends on the machine's matrix kernels, so the last digits may move between machines, not out of the band."""
     from minitrain_inspect.train import TrainConfig, train
     result = train(TrainConfig(progress=False))
-    for key, value in _readme_accuracy().items():
-        assert round(result.accuracy[key], 2) == value, (key, result.accuracy[key], value)
+    for key, (_, low, high) in _readme_accuracy().items():
+        assert low <= round(result.accuracy[key], 2) <= high, (key, result.accuracy[key], low, high)
 
 
 def test_license_matches_settings():

@@ -1,10 +1,15 @@
 "The trace of a training step: tracing only reads, files round-trip and are validated, compare_traces localises planted bugs."
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 import json
 import math
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from minitrain_inspect.core import Module, Sequential
 from minitrain_inspect.data import IRREGULAR_VERBS, REGULAR_VERBS, iterate_batches, make_dataset
@@ -203,13 +208,59 @@ def test_tracer_ignores_eval_passes_and_records_in_order():
 
 
 def test_minitrain_step_is_the_training_loops_step():
+    "Like with like: the step pins the BLAS threads as `train` does, whatever the caller's setting."
     config = TrainConfig(steps=3, batch_size=16, hidden=(16,), optimizer="sgd", progress=False)
     data = make_dataset(config.val_fraction, seed=0, keep_in_train=REGULAR_VERBS | IRREGULAR_VERBS)
     model, opt, loss_fn = build_run(config)
-    for batch in iterate_batches(data.train, 16, 3, seed=0):
-        minitrain_step(model, loss_fn, opt, batch.inputs, batch.targets)
+    with threadpool_limits(2, user_api="blas"):
+        for batch in iterate_batches(data.train, 16, 3, seed=0):
+            minitrain_step(model, loss_fn, opt, batch.inputs, batch.targets, threads=config.blas_threads)
     from minitrain_inspect.train import params_sha256
     assert params_sha256(model) == train(config, data=data).params_sha256
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Issue 19: the threads a path runs under are seen from inside it, in a fresh process whose environment asks for 4.
+SPY_PRELUDE = """
+import json, numpy, threadpoolctl
+from minitrain_inspect.losses import SoftmaxCrossEntropy
+def blas():
+    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+class SpyLoss(SoftmaxCrossEntropy):
+    "The loss, noting the BLAS threads in force each time it runs: that is inside the path that calls it."
+    seen = []
+    def forward(self, *args, **kwargs):
+        SpyLoss.seen.append(blas())
+        return super().forward(*args, **kwargs)
+outside = blas()
+"""
+
+
+def threads_seen_inside(body: str) -> tuple[list, list]:
+    "Run `body` after SPY_PRELUDE under OPENBLAS_NUM_THREADS=4; (the threads outside, those SpyLoss saw inside)."
+    code = SPY_PRELUDE + body + "\nprint(json.dumps([outside, SpyLoss.seen]))"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "4"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    outside, inside = json.loads(out.stdout.strip().splitlines()[-1])
+    if outside == [1]:
+        pytest.skip("this machine gives OpenBLAS one thread whatever the environment asks: nothing to pin")
+    return outside, inside
+
+
+def test_the_traces_steps_run_on_one_blas_thread_whatever_the_environment_says():
+    outside, inside = threads_seen_inside("""
+from minitrain_inspect.train import TrainConfig, build_run, run_data, iterate_batches
+from minitrain_inspect.trace import minitrain_step, sweep, trace_pair
+config = TrainConfig(batch_size=8, hidden=(8,), progress=False)
+batches = list(iterate_batches(run_data(config).train, 8, 2, seed=0))
+model, opt, _ = build_run(config)
+minitrain_step(model, SpyLoss(), opt, batches[0].inputs, batches[0].targets)
+for resync in (False, True):
+    model, opt, _ = build_run(config)
+    trace_pair(model, opt, batches, loss_fn=SpyLoss(), resync=resync)
+""")
+    assert outside != [1] and inside == [[1]] * 5, (outside, inside)   # one step, then two in each mode
 
 
 def test_sink_object_and_callable():
