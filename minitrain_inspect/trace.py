@@ -29,7 +29,7 @@ from .core import Module, Parameter, Sequential
 from .data import Batch
 from .layers import Dropout, LayerNorm, Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
-from .optim import SGD, Adam, Optimizer, observes_only
+from .optim import SGD, Adam, Optimizer
 from .stats import atomic_output, atomic_write_text, replace_folder, sigint_deferred, to_jsonable
 from .train import (PastTenseModel, TrainConfig, blas_threads, build_run,
                                      run_data)
@@ -202,7 +202,6 @@ class _TracerHooks:
         if record is not None:
             record.before += [record.event(self._names(p, i), "param_before", p.data) for i, p in enumerate(optimizer.params)]
 
-    @observes_only   # it reads the weights: an Inspector after it may still take its products (`03_optim`)
     def _step_post(self, optimizer, args, kwargs):
         record = self._record(None)
         if record is not None:
@@ -743,10 +742,12 @@ def shadow_optimizer(optimizer: Optimizer, model: Module) -> tuple[Optimizer, di
     names = _optimizer_param_names(optimizer, model)
     fresh = {n: Parameter(p.data.copy()) for n, p in zip(names, optimizer.params)}
     clone = object.__new__(type(optimizer))
-    state = {k: v for k, v in vars(optimizer).items() if k not in ("params", "_step_pre_hooks", "_step_post_hooks")}
+    hooks = ("_step_pre_hooks", "_step_post_hooks", "_update_hooks")
+    state = {k: v for k, v in vars(optimizer).items() if k != "params" and k not in hooks}
     clone.__dict__.update(copy.deepcopy(state))
-    clone.params, clone.update_norms, clone.update_probes, clone.update_products = list(fresh.values()), None, None, {}
-    clone._step_pre_hooks, clone._step_post_hooks, clone._stepping = {}, {}, False
+    clone.params, clone._stepping = list(fresh.values()), False
+    for name in hooks:                       # the clone carries none of the original's hooks
+        setattr(clone, name, {})
     return clone, fresh
 
 # %% ../nbs/14_trace.ipynb #642392ee
