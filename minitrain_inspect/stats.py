@@ -39,7 +39,7 @@ def check_int(value, what: str, minimum: int | None = None, maximum: int | None 
         raise ValueError(f"{what} must be {bounds}, got {value}")
     return value
 
-# %% ../nbs/08_stats.ipynb #c37e244d
+# %% ../nbs/08_stats.ipynb #ba4b744e
 _BLOCK = 4096                            # values per block: NumPy sums a block, math.fsum adds the block sums
 SUM_ERROR = (_BLOCK + 1) * 2.0 ** -53    # |float64_sum(x) - sum(x)| <= SUM_ERROR * sum(|x|), about 4.6e-13
 
@@ -58,7 +58,7 @@ def _block_sums(flat: np.ndarray, squares: bool = False) -> list[float]:
         sums.append(float(np.einsum("i,i->" if squares else "i->", *[tail] * operands, dtype=np.float64, optimize=False)))
     return sums
 
-# %% ../nbs/08_stats.ipynb #1ca23a7c
+# %% ../nbs/08_stats.ipynb #9c65055e
 def _fsum(sums: list[float]) -> float:
     """`math.fsum(sums)`, the correctly rounded sum, where it exists; NaN when it does not (NaN, or +inf with -inf);
     ±inf when an infinity is among the sums, and inf when finite sums overflow float64 on the way."""
@@ -70,7 +70,7 @@ def _fsum(sums: list[float]) -> float:
     except ValueError:      # +inf and -inf
         return math.nan
 
-# %% ../nbs/08_stats.ipynb #27beb9df
+# %% ../nbs/08_stats.ipynb #702c7ec4
 def float64_sum(x: np.ndarray) -> float:
     """Sum of all values of `x` (any shape), accumulated in float64, within `SUM_ERROR * sum(|x|)` of the exact sum on
     any machine. A finite result proves that every value is finite (inf also when finite values overflow float64)."""
@@ -82,7 +82,7 @@ def sum_of_squares(x: np.ndarray) -> float:
     square is rounded once; float32 squares are exact in float64). Never by BLAS: its rounding depends on the CPU."""
     return _fsum(_block_sums(x.reshape(-1), squares=True))
 
-# %% ../nbs/08_stats.ipynb #17249fe4
+# %% ../nbs/08_stats.ipynb #a5fa1d1a
 def _as_numeric_array(x) -> np.ndarray:
     "`x` as a NumPy array of real numbers (booleans as uint8); else a TypeError naming its dtype."
     x = np.asarray(x)
@@ -119,7 +119,7 @@ def _ldexp(x: float, exp: int) -> float:
     except OverflowError:
         return math.copysign(FLOAT64_MAX, x)
 
-# %% ../nbs/08_stats.ipynb #53664c63
+# %% ../nbs/08_stats.ipynb #9e07598b
 def _normalize(m2: float, exp: int) -> tuple[float, int]:
     "(m2, exp) for M2 = m2 * 4**exp, with exp = 0 whenever M2 itself lies in the plain range."
     if m2 == 0.0 or (exp == 0 and _PLAIN[0] <= m2 <= _PLAIN[1]):
@@ -129,7 +129,7 @@ def _normalize(m2: float, exp: int) -> tuple[float, int]:
         return math.ldexp(m2, 2 * exp), 0
     return math.ldexp(m2, 2 * (exp - top // 2)), top // 2
 
-# %% ../nbs/08_stats.ipynb #b14e04c6
+# %% ../nbs/08_stats.ipynb #9ddb58d3
 def _root(m2: float, exp: int, divisor: float = 1.0, n: int = 0, mean: float = 0.0) -> float:
     "sqrt((m2 * 4**exp + n * mean**2) / divisor), in units of a power of two where needed; saturates at FLOAT64_MAX."
     if exp == 0 and (mean == 0.0 or _SAFE_MEAN[0] <= abs(mean) <= _SAFE_MEAN[1]):
@@ -142,7 +142,7 @@ def _root(m2: float, exp: int, divisor: float = 1.0, n: int = 0, mean: float = 0
     w = max(scales)
     return _ldexp(math.sqrt((math.ldexp(m2, 2 * (exp - w)) + n * math.ldexp(mean, -w) ** 2) / divisor), w)
 
-# %% ../nbs/08_stats.ipynb #370812ad
+# %% ../nbs/08_stats.ipynb #3936a26f
 class TensorMoments(NamedTuple):
     """Summary of one tensor's finite values, in float64: count, mean, M2, min, max; NaN and ±inf counted apart.
 
@@ -182,7 +182,7 @@ class TensorMoments(NamedTuple):
         "L2 norm sqrt(M2 + n mean^2), with no extra pass over the data (nan if no finite value; saturated, never inf)."
         return _root(self.m2, self.m2_exp, 1.0, self.n, self.mean) if self.n else math.nan
 
-# %% ../nbs/08_stats.ipynb #e057c59b
+# %% ../nbs/08_stats.ipynb #a8c09561
 MEAN_ERROR = SUM_ERROR + 2.0 ** -52   # |mean - exact mean| <= MEAN_ERROR * mean(|x|): the sum, then one division
 
 
@@ -220,7 +220,7 @@ def _finite_mean(flat: np.ndarray, total: float, lo: float, hi: float) -> float:
     return math.ldexp(float64_sum(np.ldexp(flat, -k)) / flat.size, k)
     ### END SOLUTION
 
-# %% ../nbs/08_stats.ipynb #d138a835
+# %% ../nbs/08_stats.ipynb #32087f11
 _F64_SPREAD = (2.0 ** -400, 2.0 ** 400)  # largest |deviation| whose float64 squares are safe and precise
 
 
@@ -230,7 +230,7 @@ def _buffer(scratch: np.ndarray | None, size: int) -> np.ndarray | None:
         return scratch[:size]
     return None
 
-# %% ../nbs/08_stats.ipynb #19d13489
+# %% ../nbs/08_stats.ipynb #8d267e80
 def _corrected_m2(dev: np.ndarray, reach: float) -> float:
     """M2 from the float64 deviations `dev` about a computed mean: the sum of their squares, less (sum of dev)**2 / n
     where the mean's own error (at most MEAN_ERROR * `reach`, the largest |value|) could pass 2**-53 of it."""
@@ -300,7 +300,7 @@ def _sum_blocks(values):
         sums[b] = (s0 + s1) + (s2 + s3)
     return sums, lo, hi
 
-# %% ../nbs/08_stats.ipynb #e4ede3c6
+# %% ../nbs/08_stats.ipynb #9f06bfea
 def _deviation_blocks(values, mean):
     """Kernel body: for each block of `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of
     (value - mean)**2 and of (value - mean), in two running sums each."""
@@ -336,7 +336,7 @@ def _compiled_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
     m2 = _fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n
     return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
 
-# %% ../nbs/08_stats.ipynb #7261ec70
+# %% ../nbs/08_stats.ipynb #28c16e15
 @functools.cache
 def moment_kernels():
     """`(sum_blocks, deviation_blocks)`, the two kernel bodies compiled by numba for 1-D contiguous float32 arrays,
@@ -351,7 +351,7 @@ def moment_kernels():
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
         return jit([(values,)])(_sum_blocks), jit([(values, numba.float64)])(_deviation_blocks)
 
-# %% ../nbs/08_stats.ipynb #b75f3daa
+# %% ../nbs/08_stats.ipynb #ea4771b8
 def one_pass_moments(x) -> TensorMoments:
     """`tensor_moments(x)` by the compiled kernels where numba is installed and `x` is a contiguous, writeable float32
     array of at least two finite values: within the same bounds, not bit for bit. Any other input, or without
@@ -364,7 +364,7 @@ def one_pass_moments(x) -> TensorMoments:
                 return summary
     return tensor_moments(x)
 
-# %% ../nbs/08_stats.ipynb #bd09fee1
+# %% ../nbs/08_stats.ipynb #fa970dc1
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
     "Chan's merge for summaries at the ends of float64's range: (mean, m2, m2_exp), computed in units of 2**w."
     # Between two finite means the weighted step stays finite; if delta itself overflowed, weight each mean.
@@ -405,7 +405,7 @@ def new_state() -> dict:
     return {"n": 0, "mean": 0.0, "m2": 0.0, "m2_exp": 0, "min": math.inf, "max": -math.inf, "l2": math.nan,
             "l2_mean": 0.0, "l2_tensors": 0, "tensors": 0, "nonfinite": 0, "nan": 0}
 
-# %% ../nbs/08_stats.ipynb #aca288b8
+# %% ../nbs/08_stats.ipynb #538f819b
 _STATE_KEYS = tuple(new_state())
 
 
@@ -416,7 +416,7 @@ def _complete(state: dict) -> dict:
             state.setdefault(key, value)
     return state
 
-# %% ../nbs/08_stats.ipynb #bd0768d3
+# %% ../nbs/08_stats.ipynb #d56fa1ed
 _moment_values = operator.itemgetter(*TensorMoments._fields)  # the state keys that hold a TensorMoments, in order
 
 
@@ -430,7 +430,7 @@ def _store(state: dict, tm: TensorMoments) -> None:
     (state["n"], state["mean"], state["m2"], state["min"], state["max"], state["nonfinite"], state["nan"],
      state["m2_exp"]) = tm
 
-# %% ../nbs/08_stats.ipynb #2a75ed6e
+# %% ../nbs/08_stats.ipynb #fc0acfb2
 def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float, b_max: float) -> bool:
     """`merge_moments` in the usual case, written into `state` in place (the Inspector does this some twenty times a
     step): the state and the new summary (`b_n` finite values, none non-finite, M2 `b_m2` with no exponent) both hold
@@ -449,7 +449,7 @@ def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float,
         state["max"] = b_max
     return True
 
-# %% ../nbs/08_stats.ipynb #b85b70be
+# %% ../nbs/08_stats.ipynb #494399d0
 def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
     `fast=True` measures `x` by the compiled kernels where they apply (`one_pass_moments`): the same bounds."""
@@ -466,7 +466,7 @@ def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: b
         state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
     return tm
 
-# %% ../nbs/08_stats.ipynb #9bad155b
+# %% ../nbs/08_stats.ipynb #d62d80a4
 def merge(a: dict, b: dict) -> dict:
     "A new state equal to one that had seen the data of `a` and then of `b`."
     a = _complete(dict(a))
@@ -502,7 +502,7 @@ def to_jsonable(obj):
         return obj
     raise TypeError(f"cannot convert {type(obj).__name__} to JSON")
 
-# %% ../nbs/08_stats.ipynb #8b79c065
+# %% ../nbs/08_stats.ipynb #476741db
 def summarize(state: dict) -> dict:
     """JSON-ready view of a state: n, mean, var, std (ddof=1), min, max, l2, l2_mean, tensors, nonfinite, nan, inf,
     and `saturated`, the comma-separated fields whose true value exceeds float64 (reported as FLOAT64_MAX)."""
@@ -529,7 +529,7 @@ def _check_target(path) -> Path:
         raise ValueError(f"cannot write {path}: {folder} is not a folder")
     return path
 
-# %% ../nbs/08_stats.ipynb #d32833b0
+# %% ../nbs/08_stats.ipynb #8a73caca
 def _temporary_beside(path: Path) -> Path:
     "Create (empty, with the usual permissions) and return a new hidden file in `path`'s folder."
     for _ in range(100):
@@ -544,7 +544,7 @@ def _temporary_beside(path: Path) -> Path:
         return tmp
     raise ValueError(f"cannot write {path}: no free temporary name in folder {path.parent}")
 
-# %% ../nbs/08_stats.ipynb #b1aeff33
+# %% ../nbs/08_stats.ipynb #a2c463a3
 def check_output_path(path) -> Path:
     """`path` as a Path if a file can be written there (its folder exists, is a folder and is writable, and `path` is
     not a folder); else a ValueError naming the path and the reason. Leaves nothing behind: for checking every output
@@ -553,7 +553,7 @@ def check_output_path(path) -> Path:
     os.unlink(_temporary_beside(path))
     return path
 
-# %% ../nbs/08_stats.ipynb #b7bf48b2
+# %% ../nbs/08_stats.ipynb #ef2619a9
 def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
     "Flush `path` (a file, or a folder) to disk."
     fd = os.open(path, flags)
@@ -562,7 +562,7 @@ def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
     finally:
         os.close(fd)
 
-# %% ../nbs/08_stats.ipynb #68b818f4
+# %% ../nbs/08_stats.ipynb #f82d2f6f
 @contextlib.contextmanager
 def atomic_output(path):
     """Context manager: yields a temporary path in `path`'s folder (same suffix) to write to; on success flushes it
@@ -583,7 +583,7 @@ def atomic_output(path):
     with contextlib.suppress(OSError):  # make the rename itself durable, where the platform allows
         _fsync(path.parent)
 
-# %% ../nbs/08_stats.ipynb #32e4b1e8
+# %% ../nbs/08_stats.ipynb #9b226f29
 def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
     "Write `text` to `path` atomically (see `atomic_output`); returns the path."
     if not isinstance(text, str):
