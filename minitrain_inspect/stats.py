@@ -23,10 +23,10 @@ import numpy as np
 from .core import kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite',
-           'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments', 'merge_moments',
-           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
-           'atomic_write_text', 'replace_folder']
+__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan',
+           'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments',
+           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
+           'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -182,15 +182,26 @@ class TensorMoments(NamedTuple):
         "L2 norm sqrt(M2 + n mean^2), with no extra pass over the data (nan if no finite value; saturated, never inf)."
         return _root(self.m2, self.m2_exp, 1.0, self.n, self.mean) if self.n else math.nan
 
-# %% ../nbs/08_stats.ipynb #a8c09561
+# %% ../nbs/08_stats.ipynb #878ce057
 MEAN_ERROR = SUM_ERROR + 2.0 ** -52   # |mean - exact mean| <= MEAN_ERROR * mean(|x|): the sum, then one division
 
 
 def m2_error_bound(kappa: float) -> float:
     """Relative error bound on M2 (the sample variance too) on any machine, for data with conditioning
-    `kappa` = 1 + mean**2 / var; the std's bound is half of it plus 2**-52, the L2 norm's 3 * SUM_ERROR."""
+    `kappa` = 1 + mean**2 / var: one pass (float32 data, S2 <= 16 M2) or two; the std's bound is half of it plus
+    2**-52, the L2 norm's 3 * SUM_ERROR."""
     e = SUM_ERROR
-    return 2 * e + 4 * e * e * math.sqrt(kappa) + 8 * e ** 3 * kappa
+    return max(50 * e, 2 * e + 4 * e * e * math.sqrt(kappa) + 8 * e ** 3 * kappa)
+
+# %% ../nbs/08_stats.ipynb #48d45d4a
+ONE_PASS_LIMIT = 16.0   # S2 - S1**2 / n is kept while S2 <= 16 M2: within 3 SUM_ERROR S2 <= 50 SUM_ERROR M2
+
+
+def _one_pass_m2(squares: float, total: float, n: int) -> float | None:
+    """M2 = S2 - S1**2 / n from the float64 sums of `n` values (`total`) and of their exact squares (`squares`)
+    where it is within 50 SUM_ERROR of itself (S2 <= 16 M2); None where the subtraction would cancel more."""
+    m2 = squares - total * total / n
+    return m2 if 0.0 < m2 and squares <= ONE_PASS_LIMIT * m2 else None
 
 # %% ../nbs/08_stats.ipynb #b1aaa7b9
 def _split_finite(flat: np.ndarray) -> tuple[np.ndarray, float, int, int]:
@@ -261,7 +272,8 @@ def _deviation_m2(flat: np.ndarray, mean: float, lo: float, hi: float,
 def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart, within the bounds stated above on any machine. Finite for any finite input (see
-    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations."""
+    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations
+    where they are needed."""
     x = _as_numeric_array(x)
     flat = x.reshape(-1)
     if flat.size == 0:
@@ -274,69 +286,78 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     if lo == hi:  # a constant tensor: exact, no deviations needed
         return TensorMoments(size, lo, 0.0, lo, hi, nonfinite, nan)
     mean = _finite_mean(flat, total, lo, hi)
+    if flat.dtype == np.float32:   # exact squares in float64: one pass more, no float64 copy, where it cannot cancel
+        m2 = _one_pass_m2(sum_of_squares(flat), total, size)
+        if m2 is not None:
+            return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan)
     m2, exp = _normalize(*_deviation_m2(flat, mean, lo, hi, scratch))
     return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan, exp)
 
 # %% ../nbs/08_stats.ipynb #4fd8c3e8
-def _sum_blocks(values):
-    """Kernel body (numba compiles it; it runs as plain Python too): the float64 sum of each block of `_BLOCK` values
-    of the 1-D float32 array `values` (at least one value), in four running sums a block; and its least and greatest
-    value (meaningless where a value is NaN: the sum then says so)."""
+def _sum_blocks(values, bits):
+    """Kernel body (numba compiles it, free to add a block in any order; it runs as plain Python too): for each block of
+    `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of the values and of their squares; and the
+    least and greatest value, from `bits` (the same memory read as int32) as integer keys that sort like the floats."""
     n = values.size
-    sums = np.zeros((n + _BLOCK - 1) // _BLOCK)
-    lo = hi = float(values[0])
+    sums, squares = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
+    lo, hi = np.int32(2147483647), np.int32(-2147483648)
+    shift, magnitude = np.int32(31), np.int32(0x7FFFFFFF)
     for b in range(sums.size):
-        i, stop = b * _BLOCK, min(n, (b + 1) * _BLOCK)
-        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
-        while i + 4 <= stop:
-            v0, v1, v2, v3 = float(values[i]), float(values[i + 1]), float(values[i + 2]), float(values[i + 3])
-            s0, s1, s2, s3 = s0 + v0, s1 + v1, s2 + v2, s3 + v3
-            lo, hi = min(lo, v0, v1, v2, v3), max(hi, v0, v1, v2, v3)
-            i += 4
-        while i < stop:
-            v = float(values[i])
-            s0, lo, hi = s0 + v, min(lo, v), max(hi, v)
-            i += 1
-        sums[b] = (s0 + s1) + (s2 + s3)
-    return sums, lo, hi
+        block, block_bits = values[b * _BLOCK:(b + 1) * _BLOCK], bits[b * _BLOCK:(b + 1) * _BLOCK]  # (a slice vectorises)
+        total, square = 0.0, 0.0
+        for i in range(block.size):
+            v = np.float64(block[i])
+            total += v
+            square += v * v                      # exact: a float32 squared fits in float64
+            # every step cast back to int32, or numba widens to int64 and the minimum no longer vectorises
+            key = np.int32(block_bits[i] ^ np.int32(np.int32(block_bits[i] >> shift) & magnitude))
+            lo, hi = np.int32(min(lo, key)), np.int32(max(hi, key))
+        sums[b], squares[b] = total, square
+    ends = np.empty(2, np.int32)
+    ends[0], ends[1] = lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)   # the map is its own inverse
+    lowest, highest = ends.view(np.float32)
+    return sums, squares, float(lowest), float(highest)
 
-# %% ../nbs/08_stats.ipynb #9f06bfea
+# %% ../nbs/08_stats.ipynb #9ccc4aa5
 def _deviation_blocks(values, mean):
-    """Kernel body: for each block of `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of
-    (value - mean)**2 and of (value - mean), in two running sums each."""
+    """Kernel body, compiled without fastmath: for each block of `_BLOCK` values of the 1-D float32 array `values`, the
+    float64 sums of (value - mean)**2 and of (value - mean), in four running sums each."""
     n = values.size
     squares, deviations = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
     for b in range(squares.size):
-        i, stop = b * _BLOCK, min(n, (b + 1) * _BLOCK)
-        q0, q1, t0, t1 = 0.0, 0.0, 0.0, 0.0
-        while i + 2 <= stop:
-            d0, d1 = float(values[i]) - mean, float(values[i + 1]) - mean
-            q0, q1, t0, t1 = q0 + d0 * d0, q1 + d1 * d1, t0 + d0, t1 + d1
-            i += 2
-        if i < stop:
-            d0 = float(values[i]) - mean
-            q0, t0 = q0 + d0 * d0, t0 + d0
-        squares[b], deviations[b] = q0 + q1, t0 + t1
+        block, i = values[b * _BLOCK:(b + 1) * _BLOCK], 0
+        q0, q1, q2, q3, t0, t1, t2, t3 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        while i + 4 <= block.size:
+            d0, d1 = float(block[i]) - mean, float(block[i + 1]) - mean
+            d2, d3 = float(block[i + 2]) - mean, float(block[i + 3]) - mean
+            q0, q1, q2, q3 = q0 + d0 * d0, q1 + d1 * d1, q2 + d2 * d2, q3 + d3 * d3
+            t0, t1, t2, t3 = t0 + d0, t1 + d1, t2 + d2, t3 + d3
+            i += 4
+        while i < block.size:
+            d0 = float(block[i]) - mean
+            q0, t0, i = q0 + d0 * d0, t0 + d0, i + 1
+        squares[b], deviations[b] = (q0 + q1) + (q2 + q3), (t0 + t1) + (t2 + t3)
     return squares, deviations
 
 # %% ../nbs/08_stats.ipynb #56b96106
 def _compiled_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
-    """The moments of the 1-D float32 array `flat` (at least two values) by the two kernels `(sum_blocks,
+    """The moments of the 1-D float32 array `flat` (at least two values) by the kernels `(sum_blocks,
     deviation_blocks)`, compiled or not; None when a value is NaN or ±inf (the NumPy path counts them apart)."""
     sum_blocks, deviation_blocks = kernels
-    sums, lo, hi = sum_blocks(flat)
-    total = _fsum(sums.tolist())
+    sums, squares, lo, hi = sum_blocks(flat, flat.view(np.int32))
+    total, n = _fsum(sums.tolist()), flat.size
     if not math.isfinite(total):
         return None
-    n = flat.size
     if lo == hi:
         return TensorMoments(n, lo, 0.0, lo, hi)
     mean = min(max(total / n, lo), hi)
-    squares, deviations = deviation_blocks(flat, mean)
-    m2 = _fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n
-    return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
+    m2 = _one_pass_m2(_fsum(squares.tolist()), total, n)
+    if m2 is None:                                   # the mean sits far from zero: the deviations, corrected
+        squares, deviations = deviation_blocks(flat, mean)
+        m2 = max(_fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n, 0.0)
+    return TensorMoments(n, mean, m2, lo, hi)
 
-# %% ../nbs/08_stats.ipynb #28c16e15
+# %% ../nbs/08_stats.ipynb #553f4987
 @functools.cache
 def moment_kernels():
     """`(sum_blocks, deviation_blocks)`, the two kernel bodies compiled by numba for 1-D contiguous float32 arrays,
@@ -345,11 +366,11 @@ def moment_kernels():
     if numba is None:
         return None
     # A Ctrl-C inside LLVM's compiler is raised in a ctypes callback, which drops it: `sigint_deferred` (`00_core`)
-    # holds it until the compilation ends. No fastmath: the additions keep the order written, as in plain Python.
+    # holds it until the compilation ends.
     with sigint_deferred():
-        values = numba.float32[::1]
-        jit = functools.partial(numba.njit, cache=False, boundscheck=False)
-        return jit([(values,)])(_sum_blocks), jit([(values, numba.float64)])(_deviation_blocks)
+        values, jit = numba.float32[::1], functools.partial(numba.njit, cache=False, boundscheck=False)
+        any_order = jit([(values, numba.int32[::1])], fastmath={"reassoc", "contract"})(_sum_blocks)  # sums only
+        return any_order, jit([(values, numba.float64)])(_deviation_blocks)     # no fastmath: the order written
 
 # %% ../nbs/08_stats.ipynb #ea4771b8
 def one_pass_moments(x) -> TensorMoments:

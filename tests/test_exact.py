@@ -231,11 +231,13 @@ def test_sum_of_squares_within_its_bound(x):
 @settings(max_examples=100, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(1, 9000), elements=st.floats(-1e6, 1e6, width=32)), st.floats(-10, 10))
 def test_kernel_bodies_and_numpy_block_sums_agree_within_the_block_bound(x, mean):
-    sums, lo, hi = _sum_blocks(x)
+    sums, squares, lo, hi = _sum_blocks(x, x.view(np.int32))
     assert (lo, hi) == (float(x.min()), float(x.max()))
     blocks = np.split(x.astype(np.float64), range(4096, x.size, 4096))
-    for got, want, block in zip(sums.tolist(), _block_sums(x), blocks):
+    for got, got_squares, want, want_squares, block in zip(sums.tolist(), squares.tolist(), _block_sums(x),
+                                                         _block_sums(x, squares=True), blocks):
         assert abs(got - want) <= 2 * SUM_ERROR * float(np.abs(block).sum())
+        assert abs(got_squares - want_squares) <= 2 * SUM_ERROR * want_squares
     squares, deviations = _deviation_blocks(x, mean)
     for got_q, got_t, block in zip(squares.tolist(), deviations.tolist(), blocks):
         dev = block - mean
