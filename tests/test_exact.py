@@ -248,7 +248,9 @@ def test_kernel_bodies_and_numpy_block_sums_agree_within_the_block_bound(x, mean
 @settings(max_examples=150, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(2, 300), elements=st.floats(width=32, allow_nan=True, allow_infinity=True)))
 def test_kernel_bodies_give_the_numpy_summary_within_the_bounds(x):
-    got, want = _compiled_moments(PLAIN_KERNELS, x), tensor_moments(x)
+    with np.errstate(invalid="ignore", over="ignore"):     # inf - inf in plain Python: NaN, as compiled
+        got = _compiled_moments(PLAIN_KERNELS, x)
+    want = tensor_moments(x)
     if want.nonfinite:
         assert got is None
         return
