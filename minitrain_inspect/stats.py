@@ -23,10 +23,10 @@ import numpy as np
 from .core import kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite',
-           'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments', 'merge_moments',
-           'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output',
-           'atomic_write_text', 'replace_folder']
+__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan',
+           'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments',
+           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
+           'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -39,7 +39,7 @@ def check_int(value, what: str, minimum: int | None = None, maximum: int | None 
         raise ValueError(f"{what} must be {bounds}, got {value}")
     return value
 
-# %% ../nbs/08_stats.ipynb #c37e244d
+# %% ../nbs/08_stats.ipynb #ba4b744e
 _BLOCK = 4096                            # values per block: NumPy sums a block, math.fsum adds the block sums
 SUM_ERROR = (_BLOCK + 1) * 2.0 ** -53    # |float64_sum(x) - sum(x)| <= SUM_ERROR * sum(|x|), about 4.6e-13
 
@@ -58,7 +58,7 @@ def _block_sums(flat: np.ndarray, squares: bool = False) -> list[float]:
         sums.append(float(np.einsum("i,i->" if squares else "i->", *[tail] * operands, dtype=np.float64, optimize=False)))
     return sums
 
-# %% ../nbs/08_stats.ipynb #1ca23a7c
+# %% ../nbs/08_stats.ipynb #9c65055e
 def _fsum(sums: list[float]) -> float:
     """`math.fsum(sums)`, the correctly rounded sum, where it exists; NaN when it does not (NaN, or +inf with -inf);
     ±inf when an infinity is among the sums, and inf when finite sums overflow float64 on the way."""
@@ -70,7 +70,7 @@ def _fsum(sums: list[float]) -> float:
     except ValueError:      # +inf and -inf
         return math.nan
 
-# %% ../nbs/08_stats.ipynb #27beb9df
+# %% ../nbs/08_stats.ipynb #702c7ec4
 def float64_sum(x: np.ndarray) -> float:
     """Sum of all values of `x` (any shape), accumulated in float64, within `SUM_ERROR * sum(|x|)` of the exact sum on
     any machine. A finite result proves that every value is finite (inf also when finite values overflow float64)."""
@@ -82,7 +82,7 @@ def sum_of_squares(x: np.ndarray) -> float:
     square is rounded once; float32 squares are exact in float64). Never by BLAS: its rounding depends on the CPU."""
     return _fsum(_block_sums(x.reshape(-1), squares=True))
 
-# %% ../nbs/08_stats.ipynb #17249fe4
+# %% ../nbs/08_stats.ipynb #a5fa1d1a
 def _as_numeric_array(x) -> np.ndarray:
     "`x` as a NumPy array of real numbers (booleans as uint8); else a TypeError naming its dtype."
     x = np.asarray(x)
@@ -119,7 +119,7 @@ def _ldexp(x: float, exp: int) -> float:
     except OverflowError:
         return math.copysign(FLOAT64_MAX, x)
 
-# %% ../nbs/08_stats.ipynb #53664c63
+# %% ../nbs/08_stats.ipynb #9e07598b
 def _normalize(m2: float, exp: int) -> tuple[float, int]:
     "(m2, exp) for M2 = m2 * 4**exp, with exp = 0 whenever M2 itself lies in the plain range."
     if m2 == 0.0 or (exp == 0 and _PLAIN[0] <= m2 <= _PLAIN[1]):
@@ -129,7 +129,7 @@ def _normalize(m2: float, exp: int) -> tuple[float, int]:
         return math.ldexp(m2, 2 * exp), 0
     return math.ldexp(m2, 2 * (exp - top // 2)), top // 2
 
-# %% ../nbs/08_stats.ipynb #b14e04c6
+# %% ../nbs/08_stats.ipynb #9ddb58d3
 def _root(m2: float, exp: int, divisor: float = 1.0, n: int = 0, mean: float = 0.0) -> float:
     "sqrt((m2 * 4**exp + n * mean**2) / divisor), in units of a power of two where needed; saturates at FLOAT64_MAX."
     if exp == 0 and (mean == 0.0 or _SAFE_MEAN[0] <= abs(mean) <= _SAFE_MEAN[1]):
@@ -142,7 +142,7 @@ def _root(m2: float, exp: int, divisor: float = 1.0, n: int = 0, mean: float = 0
     w = max(scales)
     return _ldexp(math.sqrt((math.ldexp(m2, 2 * (exp - w)) + n * math.ldexp(mean, -w) ** 2) / divisor), w)
 
-# %% ../nbs/08_stats.ipynb #370812ad
+# %% ../nbs/08_stats.ipynb #3936a26f
 class TensorMoments(NamedTuple):
     """Summary of one tensor's finite values, in float64: count, mean, M2, min, max; NaN and ±inf counted apart.
 
@@ -182,15 +182,26 @@ class TensorMoments(NamedTuple):
         "L2 norm sqrt(M2 + n mean^2), with no extra pass over the data (nan if no finite value; saturated, never inf)."
         return _root(self.m2, self.m2_exp, 1.0, self.n, self.mean) if self.n else math.nan
 
-# %% ../nbs/08_stats.ipynb #e057c59b
+# %% ../nbs/08_stats.ipynb #878ce057
 MEAN_ERROR = SUM_ERROR + 2.0 ** -52   # |mean - exact mean| <= MEAN_ERROR * mean(|x|): the sum, then one division
 
 
 def m2_error_bound(kappa: float) -> float:
     """Relative error bound on M2 (the sample variance too) on any machine, for data with conditioning
-    `kappa` = 1 + mean**2 / var; the std's bound is half of it plus 2**-52, the L2 norm's 3 * SUM_ERROR."""
+    `kappa` = 1 + mean**2 / var: one pass (float32 data, S2 <= 16 M2) or two; the std's bound is half of it plus
+    2**-52, the L2 norm's 3 * SUM_ERROR."""
     e = SUM_ERROR
-    return 2 * e + 4 * e * e * math.sqrt(kappa) + 8 * e ** 3 * kappa
+    return max(50 * e, 2 * e + 4 * e * e * math.sqrt(kappa) + 8 * e ** 3 * kappa)
+
+# %% ../nbs/08_stats.ipynb #48d45d4a
+ONE_PASS_LIMIT = 16.0   # S2 - S1**2 / n is kept while S2 <= 16 M2: within 3 SUM_ERROR S2 <= 50 SUM_ERROR M2
+
+
+def _one_pass_m2(squares: float, total: float, n: int) -> float | None:
+    """M2 = S2 - S1**2 / n from the float64 sums of `n` values (`total`) and of their exact squares (`squares`)
+    where it is within 50 SUM_ERROR of itself (S2 <= 16 M2); None where the subtraction would cancel more."""
+    m2 = squares - total * total / n
+    return m2 if 0.0 < m2 and squares <= ONE_PASS_LIMIT * m2 else None
 
 # %% ../nbs/08_stats.ipynb #b1aaa7b9
 def _split_finite(flat: np.ndarray) -> tuple[np.ndarray, float, int, int]:
@@ -220,7 +231,7 @@ def _finite_mean(flat: np.ndarray, total: float, lo: float, hi: float) -> float:
     return math.ldexp(float64_sum(np.ldexp(flat, -k)) / flat.size, k)
     ### END SOLUTION
 
-# %% ../nbs/08_stats.ipynb #d138a835
+# %% ../nbs/08_stats.ipynb #32087f11
 _F64_SPREAD = (2.0 ** -400, 2.0 ** 400)  # largest |deviation| whose float64 squares are safe and precise
 
 
@@ -230,7 +241,7 @@ def _buffer(scratch: np.ndarray | None, size: int) -> np.ndarray | None:
         return scratch[:size]
     return None
 
-# %% ../nbs/08_stats.ipynb #19d13489
+# %% ../nbs/08_stats.ipynb #8d267e80
 def _corrected_m2(dev: np.ndarray, reach: float) -> float:
     """M2 from the float64 deviations `dev` about a computed mean: the sum of their squares, less (sum of dev)**2 / n
     where the mean's own error (at most MEAN_ERROR * `reach`, the largest |value|) could pass 2**-53 of it."""
@@ -261,7 +272,8 @@ def _deviation_m2(flat: np.ndarray, mean: float, lo: float, hi: float,
 def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart, within the bounds stated above on any machine. Finite for any finite input (see
-    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations."""
+    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations
+    where they are needed."""
     x = _as_numeric_array(x)
     flat = x.reshape(-1)
     if flat.size == 0:
@@ -274,69 +286,78 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     if lo == hi:  # a constant tensor: exact, no deviations needed
         return TensorMoments(size, lo, 0.0, lo, hi, nonfinite, nan)
     mean = _finite_mean(flat, total, lo, hi)
+    if flat.dtype == np.float32:   # exact squares in float64: one pass more, no float64 copy, where it cannot cancel
+        m2 = _one_pass_m2(sum_of_squares(flat), total, size)
+        if m2 is not None:
+            return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan)
     m2, exp = _normalize(*_deviation_m2(flat, mean, lo, hi, scratch))
     return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan, exp)
 
 # %% ../nbs/08_stats.ipynb #4fd8c3e8
-def _sum_blocks(values):
-    """Kernel body (numba compiles it; it runs as plain Python too): the float64 sum of each block of `_BLOCK` values
-    of the 1-D float32 array `values` (at least one value), in four running sums a block; and its least and greatest
-    value (meaningless where a value is NaN: the sum then says so)."""
+def _sum_blocks(values, bits):
+    """Kernel body (numba compiles it, free to add a block in any order; it runs as plain Python too): for each block of
+    `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of the values and of their squares; and the
+    least and greatest value, from `bits` (the same memory read as int32) as integer keys that sort like the floats."""
     n = values.size
-    sums = np.zeros((n + _BLOCK - 1) // _BLOCK)
-    lo = hi = float(values[0])
+    sums, squares = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
+    lo, hi = np.int32(2147483647), np.int32(-2147483648)
+    shift, magnitude = np.int32(31), np.int32(0x7FFFFFFF)
     for b in range(sums.size):
-        i, stop = b * _BLOCK, min(n, (b + 1) * _BLOCK)
-        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
-        while i + 4 <= stop:
-            v0, v1, v2, v3 = float(values[i]), float(values[i + 1]), float(values[i + 2]), float(values[i + 3])
-            s0, s1, s2, s3 = s0 + v0, s1 + v1, s2 + v2, s3 + v3
-            lo, hi = min(lo, v0, v1, v2, v3), max(hi, v0, v1, v2, v3)
-            i += 4
-        while i < stop:
-            v = float(values[i])
-            s0, lo, hi = s0 + v, min(lo, v), max(hi, v)
-            i += 1
-        sums[b] = (s0 + s1) + (s2 + s3)
-    return sums, lo, hi
+        block, block_bits = values[b * _BLOCK:(b + 1) * _BLOCK], bits[b * _BLOCK:(b + 1) * _BLOCK]  # (a slice vectorises)
+        total, square = 0.0, 0.0
+        for i in range(block.size):
+            v = np.float64(block[i])
+            total += v
+            square += v * v                      # exact: a float32 squared fits in float64
+            # every step cast back to int32, or numba widens to int64 and the minimum no longer vectorises
+            key = np.int32(block_bits[i] ^ np.int32(np.int32(block_bits[i] >> shift) & magnitude))
+            lo, hi = np.int32(min(lo, key)), np.int32(max(hi, key))
+        sums[b], squares[b] = total, square
+    ends = np.empty(2, np.int32)
+    ends[0], ends[1] = lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)   # the map is its own inverse
+    lowest, highest = ends.view(np.float32)
+    return sums, squares, float(lowest), float(highest)
 
-# %% ../nbs/08_stats.ipynb #e4ede3c6
+# %% ../nbs/08_stats.ipynb #9ccc4aa5
 def _deviation_blocks(values, mean):
-    """Kernel body: for each block of `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of
-    (value - mean)**2 and of (value - mean), in two running sums each."""
+    """Kernel body, compiled without fastmath: for each block of `_BLOCK` values of the 1-D float32 array `values`, the
+    float64 sums of (value - mean)**2 and of (value - mean), in four running sums each."""
     n = values.size
     squares, deviations = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
     for b in range(squares.size):
-        i, stop = b * _BLOCK, min(n, (b + 1) * _BLOCK)
-        q0, q1, t0, t1 = 0.0, 0.0, 0.0, 0.0
-        while i + 2 <= stop:
-            d0, d1 = float(values[i]) - mean, float(values[i + 1]) - mean
-            q0, q1, t0, t1 = q0 + d0 * d0, q1 + d1 * d1, t0 + d0, t1 + d1
-            i += 2
-        if i < stop:
-            d0 = float(values[i]) - mean
-            q0, t0 = q0 + d0 * d0, t0 + d0
-        squares[b], deviations[b] = q0 + q1, t0 + t1
+        block, i = values[b * _BLOCK:(b + 1) * _BLOCK], 0
+        q0, q1, q2, q3, t0, t1, t2, t3 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        while i + 4 <= block.size:
+            d0, d1 = float(block[i]) - mean, float(block[i + 1]) - mean
+            d2, d3 = float(block[i + 2]) - mean, float(block[i + 3]) - mean
+            q0, q1, q2, q3 = q0 + d0 * d0, q1 + d1 * d1, q2 + d2 * d2, q3 + d3 * d3
+            t0, t1, t2, t3 = t0 + d0, t1 + d1, t2 + d2, t3 + d3
+            i += 4
+        while i < block.size:
+            d0 = float(block[i]) - mean
+            q0, t0, i = q0 + d0 * d0, t0 + d0, i + 1
+        squares[b], deviations[b] = (q0 + q1) + (q2 + q3), (t0 + t1) + (t2 + t3)
     return squares, deviations
 
 # %% ../nbs/08_stats.ipynb #56b96106
 def _compiled_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
-    """The moments of the 1-D float32 array `flat` (at least two values) by the two kernels `(sum_blocks,
+    """The moments of the 1-D float32 array `flat` (at least two values) by the kernels `(sum_blocks,
     deviation_blocks)`, compiled or not; None when a value is NaN or ±inf (the NumPy path counts them apart)."""
     sum_blocks, deviation_blocks = kernels
-    sums, lo, hi = sum_blocks(flat)
-    total = _fsum(sums.tolist())
+    sums, squares, lo, hi = sum_blocks(flat, flat.view(np.int32))
+    total, n = _fsum(sums.tolist()), flat.size
     if not math.isfinite(total):
         return None
-    n = flat.size
     if lo == hi:
         return TensorMoments(n, lo, 0.0, lo, hi)
     mean = min(max(total / n, lo), hi)
-    squares, deviations = deviation_blocks(flat, mean)
-    m2 = _fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n
-    return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
+    m2 = _one_pass_m2(_fsum(squares.tolist()), total, n)
+    if m2 is None:                                   # the mean sits far from zero: the deviations, corrected
+        squares, deviations = deviation_blocks(flat, mean)
+        m2 = max(_fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n, 0.0)
+    return TensorMoments(n, mean, m2, lo, hi)
 
-# %% ../nbs/08_stats.ipynb #7261ec70
+# %% ../nbs/08_stats.ipynb #553f4987
 @functools.cache
 def moment_kernels():
     """`(sum_blocks, deviation_blocks)`, the two kernel bodies compiled by numba for 1-D contiguous float32 arrays,
@@ -345,13 +366,13 @@ def moment_kernels():
     if numba is None:
         return None
     # A Ctrl-C inside LLVM's compiler is raised in a ctypes callback, which drops it: `sigint_deferred` (`00_core`)
-    # holds it until the compilation ends. No fastmath: the additions keep the order written, as in plain Python.
+    # holds it until the compilation ends.
     with sigint_deferred():
-        values = numba.float32[::1]
-        jit = functools.partial(numba.njit, cache=False, boundscheck=False)
-        return jit([(values,)])(_sum_blocks), jit([(values, numba.float64)])(_deviation_blocks)
+        values, jit = numba.float32[::1], functools.partial(numba.njit, cache=False, boundscheck=False)
+        any_order = jit([(values, numba.int32[::1])], fastmath={"reassoc", "contract"})(_sum_blocks)  # sums only
+        return any_order, jit([(values, numba.float64)])(_deviation_blocks)     # no fastmath: the order written
 
-# %% ../nbs/08_stats.ipynb #b75f3daa
+# %% ../nbs/08_stats.ipynb #ea4771b8
 def one_pass_moments(x) -> TensorMoments:
     """`tensor_moments(x)` by the compiled kernels where numba is installed and `x` is a contiguous, writeable float32
     array of at least two finite values: within the same bounds, not bit for bit. Any other input, or without
@@ -364,7 +385,7 @@ def one_pass_moments(x) -> TensorMoments:
                 return summary
     return tensor_moments(x)
 
-# %% ../nbs/08_stats.ipynb #bd09fee1
+# %% ../nbs/08_stats.ipynb #fa970dc1
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
     "Chan's merge for summaries at the ends of float64's range: (mean, m2, m2_exp), computed in units of 2**w."
     # Between two finite means the weighted step stays finite; if delta itself overflowed, weight each mean.
@@ -405,7 +426,7 @@ def new_state() -> dict:
     return {"n": 0, "mean": 0.0, "m2": 0.0, "m2_exp": 0, "min": math.inf, "max": -math.inf, "l2": math.nan,
             "l2_mean": 0.0, "l2_tensors": 0, "tensors": 0, "nonfinite": 0, "nan": 0}
 
-# %% ../nbs/08_stats.ipynb #aca288b8
+# %% ../nbs/08_stats.ipynb #538f819b
 _STATE_KEYS = tuple(new_state())
 
 
@@ -416,7 +437,7 @@ def _complete(state: dict) -> dict:
             state.setdefault(key, value)
     return state
 
-# %% ../nbs/08_stats.ipynb #bd0768d3
+# %% ../nbs/08_stats.ipynb #d56fa1ed
 _moment_values = operator.itemgetter(*TensorMoments._fields)  # the state keys that hold a TensorMoments, in order
 
 
@@ -430,7 +451,7 @@ def _store(state: dict, tm: TensorMoments) -> None:
     (state["n"], state["mean"], state["m2"], state["min"], state["max"], state["nonfinite"], state["nan"],
      state["m2_exp"]) = tm
 
-# %% ../nbs/08_stats.ipynb #2a75ed6e
+# %% ../nbs/08_stats.ipynb #fc0acfb2
 def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float, b_max: float) -> bool:
     """`merge_moments` in the usual case, written into `state` in place (the Inspector does this some twenty times a
     step): the state and the new summary (`b_n` finite values, none non-finite, M2 `b_m2` with no exponent) both hold
@@ -449,7 +470,7 @@ def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float,
         state["max"] = b_max
     return True
 
-# %% ../nbs/08_stats.ipynb #b85b70be
+# %% ../nbs/08_stats.ipynb #494399d0
 def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
     `fast=True` measures `x` by the compiled kernels where they apply (`one_pass_moments`): the same bounds."""
@@ -466,7 +487,7 @@ def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: b
         state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
     return tm
 
-# %% ../nbs/08_stats.ipynb #9bad155b
+# %% ../nbs/08_stats.ipynb #d62d80a4
 def merge(a: dict, b: dict) -> dict:
     "A new state equal to one that had seen the data of `a` and then of `b`."
     a = _complete(dict(a))
@@ -502,7 +523,7 @@ def to_jsonable(obj):
         return obj
     raise TypeError(f"cannot convert {type(obj).__name__} to JSON")
 
-# %% ../nbs/08_stats.ipynb #8b79c065
+# %% ../nbs/08_stats.ipynb #476741db
 def summarize(state: dict) -> dict:
     """JSON-ready view of a state: n, mean, var, std (ddof=1), min, max, l2, l2_mean, tensors, nonfinite, nan, inf,
     and `saturated`, the comma-separated fields whose true value exceeds float64 (reported as FLOAT64_MAX)."""
@@ -529,7 +550,7 @@ def _check_target(path) -> Path:
         raise ValueError(f"cannot write {path}: {folder} is not a folder")
     return path
 
-# %% ../nbs/08_stats.ipynb #d32833b0
+# %% ../nbs/08_stats.ipynb #8a73caca
 def _temporary_beside(path: Path) -> Path:
     "Create (empty, with the usual permissions) and return a new hidden file in `path`'s folder."
     for _ in range(100):
@@ -544,7 +565,7 @@ def _temporary_beside(path: Path) -> Path:
         return tmp
     raise ValueError(f"cannot write {path}: no free temporary name in folder {path.parent}")
 
-# %% ../nbs/08_stats.ipynb #b1aeff33
+# %% ../nbs/08_stats.ipynb #a2c463a3
 def check_output_path(path) -> Path:
     """`path` as a Path if a file can be written there (its folder exists, is a folder and is writable, and `path` is
     not a folder); else a ValueError naming the path and the reason. Leaves nothing behind: for checking every output
@@ -553,7 +574,7 @@ def check_output_path(path) -> Path:
     os.unlink(_temporary_beside(path))
     return path
 
-# %% ../nbs/08_stats.ipynb #b7bf48b2
+# %% ../nbs/08_stats.ipynb #ef2619a9
 def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
     "Flush `path` (a file, or a folder) to disk."
     fd = os.open(path, flags)
@@ -562,7 +583,7 @@ def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
     finally:
         os.close(fd)
 
-# %% ../nbs/08_stats.ipynb #68b818f4
+# %% ../nbs/08_stats.ipynb #f82d2f6f
 @contextlib.contextmanager
 def atomic_output(path):
     """Context manager: yields a temporary path in `path`'s folder (same suffix) to write to; on success flushes it
@@ -583,7 +604,7 @@ def atomic_output(path):
     with contextlib.suppress(OSError):  # make the rename itself durable, where the platform allows
         _fsync(path.parent)
 
-# %% ../nbs/08_stats.ipynb #32e4b1e8
+# %% ../nbs/08_stats.ipynb #9b226f29
 def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
     "Write `text` to `path` atomically (see `atomic_output`); returns the path."
     if not isinstance(text, str):

@@ -62,7 +62,7 @@ def check_exact(tm: TensorMoments, values, merges: int = 0) -> None:
     slip = Fraction(MEAN_ERROR) * absmean + Fraction(8 * merges * U * absmax)
     if merges == 0:
         assert slip <= Fraction(1, 10 ** 10) * absmean                      # target: mean within 1e-10 of mean|x|
-    slip += Fraction(2.0 ** -1074)          # a mean among the subnormal numbers rounds to an absolute 2**-1075
+    slip += (2 * merges + 1) * Fraction(2.0 ** -1074)   # a subnormal mean rounds to an absolute 2**-1075, each merge
     assert abs(Fraction(tm.mean) - mean) <= slip, (tm.mean, float(mean))
     if m2 == 0:
         assert tm.m2 == 0.0
@@ -70,7 +70,7 @@ def check_exact(tm: TensorMoments, values, merges: int = 0) -> None:
     kappa = conditioning(values)
     allowed = Fraction(m2_error_bound(kappa) + 8 * merges * U) * m2
     if merges:
-        allowed += Fraction(4 * (MEAN_ERROR + 8 * merges * U) * absmax) * root_fraction(n * m2)
+        allowed += 4 * (Fraction(MEAN_ERROR * absmax) + slip) * root_fraction(n * m2)
     else:
         assert m2_error_bound(kappa) <= 1e-10 * kappa                       # target: M2 within 1e-10 κ, relative
     got = Fraction(tm.m2) * Fraction(4) ** tm.m2_exp
@@ -231,11 +231,13 @@ def test_sum_of_squares_within_its_bound(x):
 @settings(max_examples=100, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(1, 9000), elements=st.floats(-1e6, 1e6, width=32)), st.floats(-10, 10))
 def test_kernel_bodies_and_numpy_block_sums_agree_within_the_block_bound(x, mean):
-    sums, lo, hi = _sum_blocks(x)
+    sums, squares, lo, hi = _sum_blocks(x, x.view(np.int32))
     assert (lo, hi) == (float(x.min()), float(x.max()))
     blocks = np.split(x.astype(np.float64), range(4096, x.size, 4096))
-    for got, want, block in zip(sums.tolist(), _block_sums(x), blocks):
+    for got, got_squares, want, want_squares, block in zip(sums.tolist(), squares.tolist(), _block_sums(x),
+                                                         _block_sums(x, squares=True), blocks):
         assert abs(got - want) <= 2 * SUM_ERROR * float(np.abs(block).sum())
+        assert abs(got_squares - want_squares) <= 2 * SUM_ERROR * want_squares
     squares, deviations = _deviation_blocks(x, mean)
     for got_q, got_t, block in zip(squares.tolist(), deviations.tolist(), blocks):
         dev = block - mean
@@ -246,7 +248,9 @@ def test_kernel_bodies_and_numpy_block_sums_agree_within_the_block_bound(x, mean
 @settings(max_examples=150, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(2, 300), elements=st.floats(width=32, allow_nan=True, allow_infinity=True)))
 def test_kernel_bodies_give_the_numpy_summary_within_the_bounds(x):
-    got, want = _compiled_moments(PLAIN_KERNELS, x), tensor_moments(x)
+    with np.errstate(invalid="ignore", over="ignore"):     # inf - inf in plain Python: NaN, as compiled
+        got = _compiled_moments(PLAIN_KERNELS, x)
+    want = tensor_moments(x)
     if want.nonfinite:
         assert got is None
         return

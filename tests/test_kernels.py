@@ -50,18 +50,30 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 @settings(max_examples=300, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(1, 9000), elements=st.floats(width=32, allow_nan=True, allow_infinity=True)),
        st.floats(-1e30, 1e30))
-def test_the_moment_kernels_are_their_python_bodies_bit_for_bit(x, mean):
-    "No fastmath: the compiled loops add in the order written, so they give the bits of the same code run as Python."
+def test_the_moment_kernels_against_their_python_bodies(x, mean):
+    """The first pass (fastmath reassociation: a block's sums in any order) within the block bound, its extremes
+    exact; the second pass (no fastmath: the order written) bit for bit."""
     compiled_sums, compiled_deviations = moment_kernels()
-    sums, lo, hi = compiled_sums(x)
-    want_sums, want_lo, want_hi = _sum_blocks(x)
-    assert same_bits(sums, want_sums)
+    sums, squares, lo, hi = compiled_sums(x, x.view(np.int32))
+    with np.errstate(invalid="ignore"):                 # inf - inf in plain Python: NaN, as compiled
+        want_sums, want_squares, want_lo, want_hi = _sum_blocks(x, x.view(np.int32))
     if np.isfinite(x).all():
         assert (lo, hi) == (want_lo, want_hi)
+        blocks = np.split(np.abs(x.astype(np.float64)), range(4096, x.size, 4096))
+        reach = np.array([block.sum() for block in blocks])
+        with np.errstate(over="ignore"):
+            assert np.all(np.abs(sums - want_sums) <= 2 * SUM_ERROR * reach)
+            assert np.all(np.abs(squares - want_squares) <= 2 * SUM_ERROR * want_squares)
+    else:
+        assert np.array_equal(np.isfinite(sums), np.isfinite(want_sums))      # a block with NaN or inf, either way
     squares, deviations = compiled_deviations(x, mean)
     want_squares, want_deviations = _deviation_blocks(x, mean)
     assert same_bits(squares, want_squares) and same_bits(deviations, want_deviations)
-    assert _compiled_moments(moment_kernels(), x) == _compiled_moments((_sum_blocks, _deviation_blocks), x)
+    with np.errstate(invalid="ignore"):
+        got, want = _compiled_moments(moment_kernels(), x), _compiled_moments((_sum_blocks, _deviation_blocks), x)
+    assert (got is None) == (want is None)
+    if got is not None and got.n > 1:
+        check_exact(got, x)
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,18 +150,23 @@ def test_a_run_with_and_without_the_kernels(monkeypatch):
     without = train(config, inspector=Inspector(schedules=EVERY_STEP))
     assert with_kernels.params_sha256 == without.params_sha256      # observing never changes training
     a, b = with_kernels.inspector.history, without.inspector.history
+    sizes = {name: p.data.size for name, p in with_kernels.inspector.params}
     assert a.keys() == b.keys()
     for key in a.keys():
         (steps_a, va), (steps_b, vb) = a.get(key), b.get(key)
         np.testing.assert_array_equal(steps_a, steps_b)
-        if key.startswith(("activations/", "gradients/")):
+        if key.startswith(("activations/", "act_grads/", "gradients/")):   # TensorPanel: the statistics of 08_stats
             assert_within_the_moment_bounds(key, va, vb, a)
         elif key.startswith(("units/", "loss/", "per_class/")):
             np.testing.assert_array_equal(va, vb, err_msg=key)       # the unit kernel is bit for bit
         elif key.startswith("spectral/"):                             # products summed in another order, iterated
             np.testing.assert_allclose(va, vb, rtol=1e-5, err_msg=key)
-        else:                                                         # the optimiser's update norms (03_optim)
-            np.testing.assert_allclose(va, vb, rtol=2e-6, atol=1e-12, err_msg=key)
+        else:
+            assert key.startswith("updates/") and key.endswith("/ratio"), key
+            # the update ratios: 03_optim's norms sum float32 squares by BLAS (np.vdot) or its kernel, each
+            # within (n + 2) 2**-24 (relative, the norm) for n values whatever the order; a ratio of two norms, twice
+            n = sizes[key.split("/")[1]]
+            np.testing.assert_allclose(va, vb, rtol=4 * (n + 2) * 2.0 ** -24, atol=1e-12, err_msg=key)
     sa, sb = with_kernels.inspector.snapshot(), without.inspector.snapshot()
     u = 2.0 ** -53
     for name in sa:
