@@ -1,7 +1,7 @@
 """The compiled kernels (the optional `fast` extra, numba) against the NumPy paths they stand in for: the moment
 kernels bit for bit against their own Python bodies and within the stated bounds of exact arithmetic (so on any
-machine, whatever BLAS kernel is in force), the unit summary bit for bit, the optimiser's measured subtraction (the
-weights bit for bit, the norms and the spectral products close), and a whole Inspector run with and without them.
+machine, whatever BLAS kernel is in force), the speed chapter's unit summary bit for bit, and a whole run watched by the plain Inspector and by
+`fast_inspector` (10a_speed): the same weights, and every statistic within its stated bounds.
 Skipped when numba is not installed (test_exact.py runs the kernels' bodies uncompiled there)."""
 import math
 import subprocess
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minitrain_inspect import optim, panels, stats
-from minitrain_inspect.inspect import EVERY_STEP, Inspector
-from minitrain_inspect.optim import subtract_update
-from minitrain_inspect.panels import ACTIVATION_RANGES, fixed_histogram, unit_health, unit_summary
+from minitrain_inspect import speed, stats
+from minitrain_inspect.inspect import EVERY_STEP, NORM_ERROR, Inspector
+from minitrain_inspect.speed import compiled_unit_summary, fast_inspector, squares_bound
+from minitrain_inspect.panels import ACTIVATION_RANGES, fixed_histogram, unit_health
 from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, _compiled_moments, _deviation_blocks, _moments_of,
                                      _sum_blocks, m2_error_bound, moment_kernels, new_state, one_pass_moments,
                                      tensor_moments, welford_update)
@@ -79,45 +79,12 @@ def test_the_moment_kernels_against_their_python_bodies(x, mean):
 @settings(max_examples=200, deadline=None)
 @given(float32_arrays, st.sampled_from(("relu", "tanh")), st.integers(1, 60))
 def test_unit_summary_is_the_two_functions_bit_for_bit(x, kind, bins):
-    (health, hist) = unit_summary(x, kind, bins)
+    (health, hist) = compiled_unit_summary(x, kind, bins)
     want_health, want_hist = unit_health(x, kind), fixed_histogram(x, *ACTIVATION_RANGES[kind], bins)
     np.testing.assert_array_equal(np.asarray(tuple(health), float), np.asarray(tuple(want_health), float))
     np.testing.assert_array_equal(hist.fractions, want_hist.fractions)
     np.testing.assert_array_equal(np.asarray([hist.below, hist.above, hist.nan], float),
                                   np.asarray([want_hist.below, want_hist.above, want_hist.nan], float))
-
-
-matrices = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=2, max_side=70),
-                      elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from([0.0, 1e-30, -3e-25, 2e20, np.nan, np.inf]))
-
-
-@settings(max_examples=300, deadline=None)
-@given(matrices, st.floats(-10, 10), st.booleans(), st.booleans())
-def test_subtract_update_is_numpy_s_subtraction_with_its_norms(w, scale, with_probe, left):
-    with np.errstate(invalid="ignore", over="ignore"):   # inf * 0 and inf - inf: NaN, on purpose
-        u = (np.roll(w, 1) * np.float32(scale)).astype(np.float32)
-        expected = w.copy()
-        expected -= u
-    probe = None
-    if with_probe and w.ndim == 2:
-        probe = (np.linspace(-1, 1, w.shape[0 if left else 1]).astype(np.float32), left)
-    before = w.astype(np.float64)
-    got = subtract_update(w, u, probe)
-    assert w.tobytes() == expected.tobytes()                     # the weights: bit for bit
-    for which, norm, exact in zip("uw", got[:2], (np.linalg.norm(u.astype(np.float64)), np.linalg.norm(before))):
-        if which == "w" and math.isnan(norm) and not np.isfinite(u).all():
-            continue   # weights out of float32 squares' range and an update that is not finite: unknown, said nan
-        if math.isfinite(exact):
-            assert math.isclose(norm, exact, rel_tol=2e-6, abs_tol=1e-300), (norm, exact)
-        else:
-            assert norm == exact or (math.isnan(norm) and math.isnan(exact)), (norm, exact)
-    if probe is not None:
-        matrix = expected.T if left else expected
-        with np.errstate(invalid="ignore", over="ignore"):
-            exact = matrix.astype(np.float64) @ probe[0].astype(np.float64)
-            bound = np.abs(matrix.astype(np.float64)) @ np.abs(probe[0].astype(np.float64))
-        finite = np.isfinite(bound)
-        assert np.all(np.abs(got[2][finite] - exact[finite]) <= 1e-5 * bound[finite] + 1e-30)
 
 
 def test_welford_fast_lane_matches_the_plain_fold():
@@ -141,12 +108,9 @@ def test_welford_fast_lane_matches_the_plain_fold():
     assert math.isclose(lane["l2_mean"], plain["l2_mean"], rel_tol=6 * SUM_ERROR + 50 * 2.0 ** -52)
 
 
-def test_a_run_with_and_without_the_kernels(monkeypatch):
+def test_a_run_with_and_without_the_kernels():
     config = TrainConfig(steps=30, seed=1, progress=False, eval_every=10)
-    with_kernels = train(config, inspector=Inspector(schedules=EVERY_STEP))
-    monkeypatch.setattr(stats, "moment_kernels", lambda: None)
-    monkeypatch.setattr(panels, "unit_kernel", lambda: None)
-    monkeypatch.setattr(optim, "update_kernels", lambda: None)
+    with_kernels = train(config, inspector=fast_inspector(schedules=EVERY_STEP))
     without = train(config, inspector=Inspector(schedules=EVERY_STEP))
     assert with_kernels.params_sha256 == without.params_sha256      # observing never changes training
     a, b = with_kernels.inspector.history, without.inspector.history
@@ -159,14 +123,14 @@ def test_a_run_with_and_without_the_kernels(monkeypatch):
             assert_within_the_moment_bounds(key, va, vb, a)
         elif key.startswith(("units/", "loss/", "per_class/")):
             np.testing.assert_array_equal(va, vb, err_msg=key)       # the unit kernel is bit for bit
-        elif key.startswith("spectral/"):                             # products summed in another order, iterated
-            np.testing.assert_allclose(va, vb, rtol=1e-5, err_msg=key)
+        elif key.startswith("spectral/"):                             # the same code on the same weights
+            np.testing.assert_array_equal(va, vb, err_msg=key)
         else:
             assert key.startswith("updates/") and key.endswith("/ratio"), key
-            # the update ratios: 03_optim's norms sum float32 squares by BLAS (np.vdot) or its kernel, each
-            # within (n + 2) 2**-24 (relative, the norm) for n values whatever the order; a ratio of two norms, twice
+            # the update ratios: two norms within NORM_ERROR (plain, 10_inspect), two within squares_bound (fast,
+            # 10a_speed), and a division each
             n = sizes[key.split("/")[1]]
-            np.testing.assert_allclose(va, vb, rtol=4 * (n + 2) * 2.0 ** -24, atol=1e-12, err_msg=key)
+            np.testing.assert_allclose(va, vb, rtol=2 * NORM_ERROR + 2 * squares_bound(n) + 2.0 ** -51, err_msg=key)
     sa, sb = with_kernels.inspector.snapshot(), without.inspector.snapshot()
     u = 2.0 ** -53
     for name in sa:
@@ -213,8 +177,8 @@ def test_ctrl_c_while_the_kernels_compile_is_never_lost(delay):
     script = ("import os, signal, sys, threading, time\n"
               f"threading.Timer({delay}, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
               "try:\n"
-              "    from minitrain_inspect import optim, panels, stats\n"
-              "    stats.moment_kernels(); panels.unit_kernel(); optim.update_kernels(); time.sleep(5)\n"
+              "    from minitrain_inspect import speed, stats\n"
+              "    stats.moment_kernels(); speed.unit_kernel(); speed.subtract_kernel(); time.sleep(5)\n"
               "except KeyboardInterrupt:\n"
               "    sys.exit(7)\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
