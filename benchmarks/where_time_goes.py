@@ -1,14 +1,17 @@
 """Where the every-step overhead goes: one panel at a time, and each tensor measurement timed inside training.
 
-    python benchmarks/where_time_goes.py [--steps 300] [--repeats 3]
+    python benchmarks/where_time_goes.py [--steps 300] [--repeats 3] [--torch]
 
-Prints two tables (nothing is asserted on time):
+Prints two tables (nothing is asserted on time), and with `--torch` a third:
 
 1. The overhead of the Inspector with only one panel due at every step (the others never due after step 0), next to
    "nothing due" (hooks attached, every panel closed) and "every panel", all advanced in lockstep with the plain
    baseline in one interleaved run, as `minitrain-inspect overhead` does.
 2. Each call of `TensorPanel.measure` (activations, output gradients, parameter gradients) timed where it runs, inside
    the training step, by tensor shape: median and mean microseconds per call and per step.
+3. (`--torch`) The PyTorch side of `13_overhead`: the two passes of `overhead.torch_moments` (float64 mean, then
+   squared deviations summed in float64) against the one call `torch.var_mean` (mean and variance only), median
+   microseconds per call on one thread, by shape. This is why the benchmark's PyTorch full set uses two passes.
 
 BLAS is pinned to one thread for every run (threadpoolctl, through `TrainConfig.blas_threads`).
 """
@@ -26,6 +29,7 @@ import numpy as np
 from minitrain_inspect import overhead
 from minitrain_inspect.inspect import PANELS, TensorPanel
 from minitrain_inspect.train import TrainConfig, blas_threads, run_data
+from minitrain_inspect.twin import INSTALL_HINT, torch_available
 
 NEVER = 10 ** 9  # a schedule due at step 0 only
 
@@ -115,13 +119,41 @@ def tensor_table(config: TrainConfig, data) -> list[str]:
     return lines
 
 
+def _median_us(call, repeats: int) -> float:
+    "Median microseconds of `call()` over `repeats` calls, after one call that warms up."
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def torch_moments_table(shapes=((64, 256), (256, 378)), repeats: int = 200) -> list[str]:
+    "Median µs per call of `torch_moments`' two passes and of `torch.var_mean`, one PyTorch thread, as Markdown lines."
+    from minitrain_inspect.twin import require_torch
+    torch = require_torch()
+    lines = ["| shape | torch_moments (two passes) µs | torch.var_mean µs | ratio |", "|---|---:|---:|---:|"]
+    with overhead.torch_threads(1):
+        for shape in shapes:
+            x = torch.from_numpy(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+            two = _median_us(lambda: overhead.torch_moments(x), repeats)
+            one = _median_us(lambda: torch.var_mean(x), repeats)
+            lines.append(f"| {tuple(shape)} | {two:.1f} | {one:.1f} | {one / two:.1f}x |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
+    parser.add_argument("--torch", action="store_true", help="also time torch_moments against torch.var_mean")
     args = parser.parse_args(argv)
     if args.steps < 3 or args.repeats < 1:
         parser.error(f"needs steps >= 3 and repeats >= 1, got steps {args.steps}, repeats {args.repeats}")
+    if args.torch and not torch_available():
+        parser.error(f"--torch needs PyTorch, which is not installed: {INSTALL_HINT}")
     config = TrainConfig(steps=args.steps, progress=False, eval_every=args.steps, blas_threads=1)
     data = run_data(config)
     with blas_threads(1):
@@ -129,6 +161,9 @@ def main(argv=None) -> int:
         print("\n".join(panel_table(config, data, args.repeats)))
         print()
         print("\n".join(tensor_table(config, data)))
+        if args.torch:
+            print()
+            print("\n".join(torch_moments_table()))
     return 0
 
 

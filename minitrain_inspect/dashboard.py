@@ -22,12 +22,12 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['HIDDEN_TYPES', 'UNIT_FIELDS', 'SPARSE', 'PANEL_PREFIXES', 'moving_average', 'param_layer', 'LayerStyle',
-           'sparse_note', 'plot_per_layer', 'draw_loss', 'output_layers', 'draw_activations', 'draw_gradients',
-           'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class', 'diagnosis_of',
-           'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired', 'nonfinite_lines',
-           'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key', 'render_dashboard',
-           'save_dashboard']
+__all__ = ['HIDDEN_TYPES', 'SPARSE', 'UNIT_FIELDS', 'UNIT_LEGEND', 'CHECKED', 'NONFINITE_SERIES', 'STUCK_WORDS', 'PANEL_PREFIXES',
+           'moving_average', 'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'draw_loss', 'output_layers',
+           'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram',
+           'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
+           'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key',
+           'render_dashboard', 'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -41,7 +41,7 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(counts > 0, sums / counts, np.nan)
 
-
+# %% ../nbs/11_dashboard.ipynb #9f6fcec6
 def _short(name: str) -> str:
     "Drop the container prefix: 'mlp.hidden1.weight' -> 'hidden1.weight'."
     return name.split(".", 1)[1] if name.startswith("mlp.") else name
@@ -58,10 +58,6 @@ def _count(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word if n == 1 else plural or word + 's'}"
 
 # %% ../nbs/11_dashboard.ipynb #89b6c301
-HIDDEN_TYPES = ("Dropout",)
-UNIT_FIELDS = {"relu": ("dead", "zero_share"), "tanh": ("saturated", "saturated_share")}
-
-
 def param_layer(param: str, layers) -> str:
     "The layer a parameter belongs to: the longest layer name that prefixes `param`, else `param` minus its last part."
     ### BEGIN SOLUTION
@@ -69,24 +65,31 @@ def param_layer(param: str, layers) -> str:
     return max(owners, key=len) if owners else param.rsplit(".", 1)[0]
     ### END SOLUTION
 
+# %% ../nbs/11_dashboard.ipynb #2788595d
+def _style_names(history: History) -> tuple[list[str], list[str]]:
+    "The layers and the parameters to colour, in order: the metadata's first, then any others the series name."
+    meta = history.meta
+    layers = list(meta.get("layers", []))
+    for panel in ("activations", "act_grads", "units"):           # a history without meta still gets colours
+        layers += [n for n in history.names(panel) if n not in layers]
+    params = list(meta.get("params", []))
+    for panel in ("gradients", "updates", "spectral"):
+        params += [p for p in history.names(panel) if p not in params]
+    layers += [owner for owner in dict.fromkeys(param_layer(p, layers) for p in params) if owner not in layers]
+    return layers, params
+
+# %% ../nbs/11_dashboard.ipynb #a4377fc7
+HIDDEN_TYPES = ("Dropout",)
+
 
 class LayerStyle:
     "One colour per layer, the same in every panel; a parameter takes its layer's colour, a bias a dashed line."
 
     def __init__(self, history: History):
-        meta = history.meta
-        types = meta.get("module_types", {})
-        layers = list(meta.get("layers", []))
-        for panel in ("activations", "act_grads", "units"):           # a history without meta still gets colours
-            layers += [n for n in history.names(panel) if n not in layers]
-        params = list(meta.get("params", []))
-        for panel in ("gradients", "updates", "spectral"):
-            params += [p for p in history.names(panel) if p not in params]
-        layers += [owner for owner in dict.fromkeys(param_layer(p, layers) for p in params) if owner not in layers]
+        layers, self.params = _style_names(history)
+        self.types = types = history.meta.get("module_types", {})
         self.hidden = [n for n in layers if types.get(n) in HIDDEN_TYPES]
         self.layers = [n for n in layers if n not in self.hidden]
-        self.params = params
-        self.types = types
         palette = colormaps["tab10" if len(self.layers) <= 10 else "tab20"].colors
         self.colours = {n: to_hex(palette[i % len(palette)]) for i, n in enumerate(self.layers)}
 
@@ -115,7 +118,7 @@ def _nonfinite_marks(ax, steps: np.ndarray, counts: np.ndarray, colour: str) -> 
         ax.plot(bad, np.full(bad.size, 0.97), "x", color=colour, ms=7, mew=2, transform=top, clip_on=False)
     return int(bad.size)
 
-
+# %% ../nbs/11_dashboard.ipynb #085d88b1
 SPARSE = 5      # a series with fewer points gets a dot at each one
 
 
@@ -134,7 +137,7 @@ def sparse_note(history: History, keys, last_step: int) -> str | None:
     return (f"only step{'s' if len(measured) > 1 else ''} {shown} measured: the run ended\n"
             f"at step {last_step}, before this panel's next measurement")
 
-
+# %% ../nbs/11_dashboard.ipynb #583b748e
 def plot_per_layer(ax, history: History, style: LayerStyle, panel: str, field: str, names) -> int:
     """Draw `panel/NAME/field` for each name in `names`, in the layer's colour (a dot on each point of a short
     series), with crosses where `panel/NAME/nonfinite` counts NaN or inf. Returns the number of curves drawn."""
@@ -155,6 +158,12 @@ def _last_step(history: History) -> int:
     return max((int(steps[-1]) for steps in ends if steps.size), default=-1)
 
 
+def _legend_above(ax) -> None:
+    "The legend above the plotting area, right-aligned beside the left-aligned title: never over the data."
+    ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2, frameon=False,
+              ncol=min(3, len(ax.get_legend_handles_labels()[0])))
+
+# %% ../nbs/11_dashboard.ipynb #b95555ce
 def _finish(ax, title: str, ylabel: str, last_step: int, *, log: bool = False, legend: bool = False,
             note: str | None = None) -> None:
     """Title, labels, grid and a common step range; a legend, if asked for, goes outside the plotting area, and a
@@ -169,20 +178,23 @@ def _finish(ax, title: str, ylabel: str, last_step: int, *, log: bool = False, l
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
     ax.grid(True, alpha=0.3)
     if legend and ax.get_legend_handles_labels()[0]:
-        # Above the plotting area, right-aligned beside the left-aligned title: never over the data.
-        ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2, frameon=False,
-                  ncol=min(3, len(ax.get_legend_handles_labels()[0])))
+        _legend_above(ax)
+
+# %% ../nbs/11_dashboard.ipynb #286c9db9
+def _plot_train_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
+    "The training loss, raw and as a moving average of 25, with crosses (and a legend entry) where it is not finite."
+    ax.plot(steps, loss, color="tab:blue", alpha=0.3, lw=0.8, label="train, per step")
+    ax.plot(steps, moving_average(loss, 25), color="tab:blue", lw=1.8, label="train, moving average of 25")
+    bad = _nonfinite_marks(ax, steps, (~np.isfinite(loss)).astype(float), "red")
+    if bad:
+        ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({_count(bad, 'step')})")
 
 # %% ../nbs/11_dashboard.ipynb #65ef71b2
 def draw_loss(ax, history: History, last_step: int) -> None:
     "Panel 1: the training loss (raw and a moving average of 25) and the held-out loss, log scale."
     steps, loss = history.get("loss/train")
     if steps.size:
-        ax.plot(steps, loss, color="tab:blue", alpha=0.3, lw=0.8, label="train, per step")
-        ax.plot(steps, moving_average(loss, 25), color="tab:blue", lw=1.8, label="train, moving average of 25")
-        bad = _nonfinite_marks(ax, steps, (~np.isfinite(loss)).astype(float), "red")
-        if bad:
-            ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({_count(bad, 'step')})")
+        _plot_train_loss(ax, steps, loss)
     vsteps, vloss = history.get("loss/val")
     if vsteps.size:
         ax.plot(vsteps, vloss, "o-", color="black", lw=1.3, ms=3, label="held-out")
@@ -196,7 +208,7 @@ def output_layers(style: LayerStyle) -> list[str]:
     kinds = [i for i, n in enumerate(style.layers) if style.types.get(n) in ("ReLU", "Tanh")]
     return style.layers[kinds[-1] + 1:] if kinds else []
 
-
+# %% ../nbs/11_dashboard.ipynb #45c97252
 def draw_activations(axes, history: History, style: LayerStyle, last_step: int) -> None:
     "Panel 2 on four axes: the mean of the hidden layers, the mean of the output layers, the std and max |a|."
     layers = style.shown(history.names("activations"))
@@ -225,7 +237,7 @@ def draw_gradients(axes, history: History, style: LayerStyle, last_step: int) ->
     _finish(axes[1], "3 · Gradients at each layer's output", "‖∂L/∂a‖₂ (log)", last_step, log=True,
             note=sparse_note(history, [f"act_grads/{n}/l2" for n in layers], last_step))
 
-
+# %% ../nbs/11_dashboard.ipynb #67ea518a
 def draw_updates(ax, history: History, style: LayerStyle, last_step: int) -> None:
     "Panel 4: the update-to-weight ratio ‖Δw‖ / ‖w‖ of each parameter across the optimiser step, with 10⁻³ marked."
     if plot_per_layer(ax, history, style, "updates", "ratio", history.names("updates")):
@@ -235,7 +247,7 @@ def draw_updates(ax, history: History, style: LayerStyle, last_step: int) -> Non
     _finish(ax, "4 · Update-to-weight ratio", "‖Δw‖ / ‖w‖ per step (log)", last_step, log=True, legend=True,
             note=sparse_note(history, [f"updates/{p}/ratio" for p in history.names("updates")], last_step))
 
-
+# %% ../nbs/11_dashboard.ipynb #a138ddf7
 def draw_spectral(ax, history: History, style: LayerStyle, last_step: int) -> None:
     "Panel 5: the largest singular value of each weight matrix."
     if not plot_per_layer(ax, history, style, "spectral", "sigma", history.names("spectral")):
@@ -244,20 +256,27 @@ def draw_spectral(ax, history: History, style: LayerStyle, last_step: int) -> No
             note=sparse_note(history, [f"spectral/{p}/sigma" for p in history.names("spectral")], last_step))
 
 # %% ../nbs/11_dashboard.ipynb #b0e80f4a
-def _edges(steps: np.ndarray) -> np.ndarray:
-    "Cell edges around each recorded step (midpoints between neighbours), so uneven schedules draw true to time."
-    steps = steps.astype(float)
-    if steps.size == 1:
-        return np.array([steps[0] - 0.5, steps[0] + 0.5])
-    mid = (steps[1:] + steps[:-1]) / 2
-    return np.concatenate([[steps[0] - (mid[0] - steps[0])], mid, [steps[-1] + (steps[-1] - mid[-1])]])
+UNIT_FIELDS = {"relu": ("dead", "zero_share"), "tanh": ("saturated", "saturated_share")}
 
 
 def _unit_kind(history: History, name: str) -> str:
+    "'relu' or 'tanh': the kind the histogram's metadata names, else 'tanh' if saturation was recorded."
     kind = history.meta.get("histogram", {}).get(name, {}).get("kind")
     if kind in UNIT_FIELDS:
         return kind
     return "tanh" if history.get(f"units/{name}/saturated")[0].size else "relu"
+
+# %% ../nbs/11_dashboard.ipynb #d77e684d
+UNIT_LEGEND = {"relu": ("dead units: ≤ 0 for every example", "outputs ≤ 0, share of all outputs"),
+               "tanh": ("saturated units: |a| > 0.97 for every example", "saturated outputs, share of all outputs")}
+
+
+def _unit_legend(ax, kinds) -> None:
+    "Legend entries for the line styles of each kind in `kinds`: solid for the units, dashed for the outputs."
+    for kind, (solid, dashed) in UNIT_LEGEND.items():
+        if kind in kinds:
+            ax.plot([], [], color="0.2", ls="-", label=solid)
+            ax.plot([], [], color="0.2", ls="--", label=dashed)
 
 # %% ../nbs/11_dashboard.ipynb #1fa7edf8
 def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) -> None:
@@ -277,14 +296,7 @@ def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) ->
     if not layers:
         _message(ax, "no unit health recorded")
     else:
-        kinds = {_unit_kind(history, n) for n in layers}
-        for kind, (solid, dashed) in (("relu", ("dead units: ≤ 0 for every example",
-                                                 "outputs ≤ 0, share of all outputs")),
-                                      ("tanh", ("saturated units: |a| > 0.97 for every example",
-                                                "saturated outputs, share of all outputs"))):
-            if kind in kinds:
-                ax.plot([], [], color="0.2", ls="-", label=solid)
-                ax.plot([], [], color="0.2", ls="--", label=dashed)
+        _unit_legend(ax, {_unit_kind(history, n) for n in layers})
         ax.set_ylim(-2, 102)
     _finish(ax, "6 · Unit health", "% of units (solid) or of outputs (dashed)", last_step, legend=True,
             note=sparse_note(history, keys, last_step))
@@ -297,6 +309,48 @@ def _matrix(history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, values.reshape(steps.size, -1) if steps.size else values.reshape(0, 0)
 
 
+def _edges(steps: np.ndarray) -> np.ndarray:
+    "Cell edges around each recorded step (midpoints between neighbours), so uneven schedules draw true to time."
+    steps = steps.astype(float)
+    if steps.size == 1:
+        return np.array([steps[0] - 0.5, steps[0] + 0.5])
+    mid = (steps[1:] + steps[:-1]) / 2
+    return np.concatenate([[steps[0] - (mid[0] - steps[0])], mid, [steps[-1] + (steps[-1] - mid[-1])]])
+
+# %% ../nbs/11_dashboard.ipynb #5600ebb0
+def _histogram_rows(history: History, name: str, steps, hist, lo: float, hi: float, bins: int) -> tuple:
+    "The cells (rows bottom to top: below, gap, bins, gap, above), their edges, and the centres of the outside rows."
+    width = (hi - lo) / bins
+    gap, row = 2 * width, 4 * width
+    below = history.get(f"units/{name}/below")[1]
+    above = history.get(f"units/{name}/above")[1]
+    missing = np.full(steps.size, np.nan)
+    below = below if below.size == steps.size else missing
+    above = above if above.size == steps.size else missing
+    cells = np.column_stack([below, missing, hist, missing, above]).T
+    y_edges = np.concatenate([[lo - gap - row, lo - gap], np.linspace(lo, hi, bins + 1), [hi + gap, hi + gap + row]])
+    return cells, y_edges, (lo - gap - row / 2, hi + gap + row / 2)
+
+# %% ../nbs/11_dashboard.ipynb #4914d3f2
+def _value_axis(ax, lo: float, hi: float, y_edges: np.ndarray, outside: tuple[float, float]) -> None:
+    "Value ticks inside [lo, hi), a tick naming each outside row ('< lo', '> hi'), and the rows' full height."
+    ticks = list(MaxNLocator(nbins=5).tick_values(lo, hi))
+    ticks = [t for t in ticks if lo <= t < hi]
+    ax.set_yticks([outside[0], *ticks, outside[1]], [f"< {lo:g}", *[f"{t:g}" for t in ticks], f"> {hi:g}"])
+    ax.set_ylim(y_edges[0], y_edges[-1])
+
+# %% ../nbs/11_dashboard.ipynb #6b24ced9
+def _histogram_labels(ax, history: History, name: str, steps, last_step: int | None) -> None:
+    "The histogram's step range (that of every panel, given `last_step`), its title and its labels."
+    note = None
+    if last_step is not None:
+        ax.set_xlim(-0.5, max(last_step, int(steps[-1])) + 0.5)
+        note = sparse_note(history, [f"units/{name}/histogram"], last_step)
+    ax.set_title(f"6 · {_short(name)}: its output values over time", loc="left", fontsize=10)
+    ax.set_xlabel("training step" + (f"\n{note}" if note else ""))
+    ax.set_ylabel("activation value (rows are values, not units)")
+
+
 def draw_histogram(ax, history: History, name: str, fig: Figure, last_step: int | None = None) -> None:
     """Panel 6, right: the distribution of one layer's output values over time, on a fixed range, with the share of
     values below and above the range in rows of their own. Rows are activation values, not units. With `last_step`,
@@ -306,32 +360,13 @@ def draw_histogram(ax, history: History, name: str, fig: Figure, last_step: int 
     if info is None or not steps.size:
         return _message(ax, f"no histogram of {_short(name)} recorded")
     lo, hi, bins = float(info["lo"]), float(info["hi"]), int(info["bins"])
-    width = (hi - lo) / bins
-    gap, row = 2 * width, 4 * width
-    below = history.get(f"units/{name}/below")[1]
-    above = history.get(f"units/{name}/above")[1]
-    missing = np.full(steps.size, np.nan)
-    below = below if below.size == steps.size else missing
-    above = above if above.size == steps.size else missing
-    # Rows, bottom to top: below the range, a blank gap, the bins, a blank gap, above the range.
-    cells = np.column_stack([below, missing, hist, missing, above]).T
-    y_edges = np.concatenate([[lo - gap - row, lo - gap], np.linspace(lo, hi, bins + 1), [hi + gap, hi + gap + row]])
+    cells, y_edges, outside = _histogram_rows(history, name, steps, hist, lo, hi, bins)
     shown = np.ma.masked_invalid(100 * cells)
     mesh = ax.pcolormesh(_edges(steps), y_edges, np.ma.maximum(shown, 1e-2), cmap="viridis",
                          norm=LogNorm(vmin=1e-2, vmax=100), shading="flat")
     ax.set_facecolor("white")
-    ticks = list(MaxNLocator(nbins=5).tick_values(lo, hi))
-    ticks = [t for t in ticks if lo <= t < hi]
-    ax.set_yticks([lo - gap - row / 2, *ticks, hi + gap + row / 2],
-                  [f"< {lo:g}", *[f"{t:g}" for t in ticks], f"> {hi:g}"])
-    ax.set_ylim(y_edges[0], y_edges[-1])
-    note = None
-    if last_step is not None:
-        ax.set_xlim(-0.5, max(last_step, int(steps[-1])) + 0.5)
-        note = sparse_note(history, [f"units/{name}/histogram"], last_step)
-    ax.set_title(f"6 · {_short(name)}: its output values over time", loc="left", fontsize=10)
-    ax.set_xlabel("training step" + (f"\n{note}" if note else ""))
-    ax.set_ylabel("activation value (rows are values, not units)")
+    _value_axis(ax, lo, hi, y_edges, outside)
+    _histogram_labels(ax, history, name, steps, last_step)
     fig.colorbar(mesh, ax=ax, label="% of outputs in the row (log)", pad=0.01)
 
 # %% ../nbs/11_dashboard.ipynb #0e9aaf6f
@@ -369,16 +404,22 @@ def fired_steps(history: History) -> list[int]:
     d = diagnosis_of(history) or {}
     return sorted({int(f["step"]) for f in d.get("fired", []) if isinstance(f, dict) and isinstance(f.get("step"), int)})
 
-
+# %% ../nbs/11_dashboard.ipynb #34d0f512
 def _int(value) -> int | None:
+    "`value` if it is an integer (a bool is not), else None."
     return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else None
 
 
+def _planned_steps(history: History, diagnosis: dict) -> int | None:
+    "The steps the run planned: the diagnosis's `planned_steps`, else the saved config's `steps`, else None."
+    config = history.meta.get("config")
+    return _int(diagnosis.get("planned_steps")) or _int(config.get("steps") if isinstance(config, dict) else None)
+
+# %% ../nbs/11_dashboard.ipynb #3d91cfe8
 def run_length(history: History) -> str | None:
     "How far a run went that did not run all its planned steps ('7 of 2000 steps, stopped early'); None otherwise."
     d = diagnosis_of(history) or {}
-    config = history.meta.get("config")
-    planned = _int(d.get("planned_steps")) or _int(config.get("steps") if isinstance(config, dict) else None)
+    planned = _planned_steps(history, d)
     if planned is None:
         return None
     stopped = _int(d.get("stopped_at"))
@@ -390,20 +431,20 @@ def run_length(history: History) -> str | None:
         return f"{last + 1} of {planned} steps recorded"
     return None
 
+# %% ../nbs/11_dashboard.ipynb #a62152c5
+CHECKED = ("  checked: hidden-norm growth, gradient floor, vanishing and exploding gradients, non-finite values, "
+           "dead units, loss spikes, no learning")
 
-def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
-    "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
-    d = diagnosis_of(history)
-    if d is None:
-        return ["not diagnosed: no verdict (train with diagnose_every to get one)"]
-    every = f"every {d['every']} steps" if d.get("every") else "at the end"
+
+def _healthy_lines(d: dict, every: str, length: str | None) -> list[str]:
+    "The verdict of a run no check fired on: how many diagnoses, how often, how far it went, and what was checked."
     n = len(d.get("reports", [])) or None
-    length = run_length(history)
-    if d["verdict"] == "trustworthy":
-        return [f"HEALTHY: no check fired ({_count(n, 'diagnosis', 'diagnoses') if n else 'all diagnoses'}, {every})"
-                + (f"; {length}" if length else ""),
-                "  checked: hidden-norm growth, gradient floor, vanishing and exploding gradients, non-finite values, "
-                "dead units, loss spikes, no learning"]
+    return [f"HEALTHY: no check fired ({_count(n, 'diagnosis', 'diagnoses') if n else 'all diagnoses'}, {every})"
+            + (f"; {length}" if length else ""), CHECKED]
+
+# %% ../nbs/11_dashboard.ipynb #b29ead04
+def _failing_head(history: History, d: dict, every: str, length: str | None) -> str:
+    "The headline of a failing run: from which step, at how many diagnoses checks fired, how far the run went."
     fired = fired_steps(history)
     head = f"FAILING from step {d.get('step')}" + (
         f" (checks fired at {_count(len(fired), 'diagnosis', 'diagnoses')}, {every})" if fired else "")
@@ -411,16 +452,32 @@ def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
         head += f"; {length}"
     elif d.get("early_stop"):
         head += "; early stop was on"
+    return head
+
+# %% ../nbs/11_dashboard.ipynb #8f21b986
+def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
+    "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
+    d = diagnosis_of(history)
+    if d is None:
+        return ["not diagnosed: no verdict (train with diagnose_every to get one)"]
+    every = f"every {d['every']} steps" if d.get("every") else "at the end"
+    length = run_length(history)
+    if d["verdict"] == "trustworthy":
+        return _healthy_lines(d, every, length)
     reasons = [str(r) for r in d.get("reasons", [])]
-    return [head] + [f"  {r}" for r in reasons[:max_reasons]] + (
+    return [_failing_head(history, d, every, length)] + [f"  {r}" for r in reasons[:max_reasons]] + (
         [f"  and {len(reasons) - max_reasons} more"] if len(reasons) > max_reasons else [])
+
+# %% ../nbs/11_dashboard.ipynb #09c33bb9
+def _verdict_colour(d: dict | None) -> str:
+    "Grey for a run not diagnosed, green for a trustworthy one, red for a failing one."
+    return "0.45" if d is None else "#1a7f37" if d["verdict"] == "trustworthy" else "#c62828"
 
 
 def draw_verdict(ax, history: History) -> None:
     "The banner: the verdict across the top of the figure, green, red, or grey when the run was not diagnosed."
     ax.axis("off")
-    d = diagnosis_of(history)
-    colour = "0.45" if d is None else "#1a7f37" if d["verdict"] == "trustworthy" else "#c62828"
+    colour = _verdict_colour(diagnosis_of(history))
     lines = verdict_lines(history)
     ax.add_patch(Rectangle((0, 0), 1, 1, transform=ax.transAxes, facecolor=colour, alpha=0.12, edgecolor=colour,
                            lw=2, clip_on=False))
@@ -433,7 +490,7 @@ def draw_verdict(ax, history: History) -> None:
         ax.text(0.99, 0.1, "black dotted lines on the panels: steps where a check fired", transform=ax.transAxes,
                 va="bottom", ha="right", fontsize=10.5, color="black")
 
-
+# %% ../nbs/11_dashboard.ipynb #15bc4121
 def mark_fired(ax, history: History) -> int:
     "Black dotted vertical lines on a panel over training steps, at each step where a check fired; returns how many."
     steps = fired_steps(history)
@@ -443,58 +500,78 @@ def mark_fired(ax, history: History) -> int:
 
 # %% ../nbs/11_dashboard.ipynb #b8c0d9ee
 def _last_finite(history: History, key: str, window: int = 1) -> float:
+    "The mean of the last `window` finite values of the series `key`; NaN when it has none."
     values = history.get(key)[1]
     values = values[np.isfinite(values)]
     return float(values[-window:].mean()) if values.size else math.nan
 
 
 def _fmt(value: float, spec: str = ".4f") -> str:
+    "`value` formatted by `spec`, or 'n/a' when it is not finite."
     return format(value, spec) if math.isfinite(value) else "n/a"
 
 # %% ../nbs/11_dashboard.ipynb #1da9353d
+NONFINITE_SERIES = (("activations", "output"), ("act_grads", "gradient at the output"), ("gradients", "gradient"))
+
+
 def nonfinite_lines(history: History) -> list[str]:
     "One line per series that met NaN or inf: where, how many values in all, and the first step."
     lines = []
-    for panel, what in (("activations", "output"), ("act_grads", "gradient at the output"), ("gradients", "gradient")):
+    for panel, what in NONFINITE_SERIES:
         for name in history.names(panel):
             steps, counts = history.get(f"{panel}/{name}/nonfinite")
-            bad = np.nan_to_num(counts, nan=1.0) > 0
-            if bad.any():
-                lines.append(f"  {_short(name)} {what}: {_count(int(np.nan_to_num(counts, nan=1.0).sum()), 'value')} "
-                             f"at {_count(int(bad.sum()), 'recorded step')}, first at step {int(steps[bad][0])}")
+            counts = np.nan_to_num(counts, nan=1.0)     # a count that is itself NaN: something went wrong there
+            if (counts > 0).any():
+                lines.append(f"  {_short(name)} {what}: {_count(int(counts.sum()), 'value')} "
+                             f"at {_count(int((counts > 0).sum()), 'recorded step')}, "
+                             f"first at step {int(steps[counts > 0][0])}")
     steps, loss = history.get("loss/train")
     if (~np.isfinite(loss)).any():
         lines.append(f"  training loss: not finite at {_count(int((~np.isfinite(loss)).sum()), 'step')}, "
                      f"first at step {int(steps[~np.isfinite(loss)][0])}")
     return lines
 
-# %% ../nbs/11_dashboard.ipynb #e50f1c87
-def summary_lines(history: History, max_events: int = 3) -> list[str]:
-    "Headline numbers of the run, one line each, at most a screenful whatever the run."
+# %% ../nbs/11_dashboard.ipynb #5cf26965
+def _loss_lines(history: History) -> list[str]:
+    "The last step recorded, the training loss (mean of the last 25) and the last held-out loss."
     last = _last_step(history)
-    lines = verdict_lines(history, max_reasons=2) + [f"last step recorded: {last if last >= 0 else 'none'}",
-             f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
-             f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}" if history.get("loss/val")[0].size
-             else "held-out loss: not recorded"]
+    return [f"last step recorded: {last if last >= 0 else 'none'}",
+            f"train loss (last 25): {_fmt(_last_finite(history, 'loss/train', 25))}",
+            f"held-out loss (last): {_fmt(_last_finite(history, 'loss/val'))}" if history.get("loss/val")[0].size
+            else "held-out loss: not recorded"]
+
+
+def _per_class_lines(history: History) -> list[str]:
+    "The regular and irregular verbs' losses (mean of the last 25) and how far the irregulars lag; or why none."
     reg, irr = (_last_finite(history, f"per_class/{c}", 25) for c in ("regular", "irregular"))
-    if math.isfinite(reg) or math.isfinite(irr):
-        lines.append(f"per-class loss (last 25): regular {_fmt(reg)}, irregular {_fmt(irr)}")
-        if math.isfinite(reg) and math.isfinite(irr) and reg > 0:
-            lines.append(f"  irregular verbs lag by a factor of {irr / reg:.1f}")
-    else:
-        lines.append(_per_class_note(history))
-    for name in history.names("units"):
-        kind = _unit_kind(history, name)
-        units, outputs = (100 * _last_finite(history, f"units/{name}/{f}") for f in UNIT_FIELDS[kind])
-        if kind == "relu":
-            lines.append(f"{_short(name)}: {_fmt(units, '.1f')}% of units dead, {_fmt(outputs, '.1f')}% of outputs ≤ 0")
-        else:
-            lines.append(f"{_short(name)}: {_fmt(units, '.1f')}% of units saturated, "
-                         f"{_fmt(outputs, '.1f')}% of outputs saturated")
-        outside = [(side, 100 * _last_finite(history, f"units/{name}/{side}")) for side in ("below", "above")]
-        outside = [f"{share:.2g}% {side}" for side, share in outside if math.isfinite(share) and share > 0]
-        if outside:
-            lines.append(f"  outside the histogram's range: {', '.join(outside)}")
+    if not (math.isfinite(reg) or math.isfinite(irr)):
+        return [_per_class_note(history)]
+    lines = [f"per-class loss (last 25): regular {_fmt(reg)}, irregular {_fmt(irr)}"]
+    if math.isfinite(reg) and math.isfinite(irr) and reg > 0:
+        lines.append(f"  irregular verbs lag by a factor of {irr / reg:.1f}")
+    return lines
+
+# %% ../nbs/11_dashboard.ipynb #40bcdabf
+STUCK_WORDS = {"relu": ("dead", "≤ 0"), "tanh": ("saturated", "saturated")}
+
+
+def _unit_lines(history: History, name: str) -> list[str]:
+    "A layer's last unit health: the share of stuck units and of stuck outputs, and any share outside the histogram."
+    kind = _unit_kind(history, name)
+    units, outputs = (100 * _last_finite(history, f"units/{name}/{f}") for f in UNIT_FIELDS[kind])
+    unit_word, output_word = STUCK_WORDS[kind]
+    lines = [f"{_short(name)}: {_fmt(units, '.1f')}% of units {unit_word}, {_fmt(outputs, '.1f')}% of outputs "
+             f"{output_word}"]
+    outside = [(side, 100 * _last_finite(history, f"units/{name}/{side}")) for side in ("below", "above")]
+    outside = [f"{share:.2g}% {side}" for side, share in outside if math.isfinite(share) and share > 0]
+    if outside:
+        lines.append(f"  outside the histogram's range: {', '.join(outside)}")
+    return lines
+
+# %% ../nbs/11_dashboard.ipynb #ad3b7e70
+def _weight_lines(history: History) -> list[str]:
+    "The range of the last update-to-weight ratios (as powers of ten), and the largest last spectral norm."
+    lines = []
     ratios = [r for r in (_last_finite(history, f"updates/{n}/ratio") for n in history.names("updates"))
               if math.isfinite(r) and r > 0]
     if ratios:
@@ -504,13 +581,29 @@ def summary_lines(history: History, max_events: int = 3) -> list[str]:
     if sigmas:
         top = max(sigmas, key=sigmas.get)
         lines.append(f"largest spectral norm: {sigmas[top]:.2f} ({_short(top)})")
-    bad = nonfinite_lines(history)
-    lines += ["NON-FINITE VALUES (NaN or inf):", *bad] if bad else ["non-finite values: none"]
+    return lines
+
+# %% ../nbs/11_dashboard.ipynb #49aca35a
+def _guard_lines(history: History, max_events: int) -> list[str]:
+    "How many adjustments the budget guard made, the last `max_events` of them, and its last notes."
+    lines = []
     events = history.meta.get("throttled", [])
     if events:
         lines.append(f"budget guard: {len(events)} adjustments" + (", the last:" if len(events) > max_events else ":"))
         lines += [f"  step {e['step']}: {e['panel']} {e['from']} -> {e['to']}" for e in events[-max_events:]]
     lines += [f"budget: {note}" for note in history.meta.get("budget_notes", [])[-max_events:]]
+    return lines
+
+# %% ../nbs/11_dashboard.ipynb #e50f1c87
+def summary_lines(history: History, max_events: int = 3) -> list[str]:
+    "Headline numbers of the run, one line each, at most a screenful whatever the run."
+    lines = verdict_lines(history, max_reasons=2) + _loss_lines(history) + _per_class_lines(history)
+    for name in history.names("units"):
+        lines += _unit_lines(history, name)
+    lines += _weight_lines(history)
+    bad = nonfinite_lines(history)
+    lines += ["NON-FINITE VALUES (NaN or inf):", *bad] if bad else ["non-finite values: none"]
+    lines += _guard_lines(history, max_events)
     lines += [note for note in history.meta.get("notes", []) if note not in lines]
     return lines
 
@@ -539,7 +632,7 @@ def extra_panels(history: History) -> dict[str, dict]:
             if isinstance(name, str) and name not in PANEL_PREFIXES and isinstance(info, dict)
             and isinstance(info.get("title"), str) and info["title"]}
 
-
+# %% ../nbs/11_dashboard.ipynb #88492c6f
 def draw_extra(ax, history: History, style: LayerStyle, last_step: int, name: str, info: dict) -> None:
     "A panel of the user's own: every series `name/LAYER/field`, in the layer's colour."
     drawn = 0
@@ -554,19 +647,30 @@ def draw_extra(ax, history: History, style: LayerStyle, last_step: int, name: st
         _message(ax, f"nothing recorded under {name}/")
     _finish(ax, info["title"], str(info.get("ylabel", "")), last_step, log=bool(info.get("log")), legend=drawn <= 12)
 
+# %% ../nbs/11_dashboard.ipynb #ed77994f
+def _config_line(config: dict, width: int = 300) -> str:
+    "The run's configuration as 'key=value, ...' (without `progress`), cut with '…' at `width` characters."
+    text = ", ".join(f"{k}={v}" for k, v in config.items() if k != "progress")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _key_handles(style: LayerStyle) -> list[Line2D]:
+    "The key's entries: one per layer (its colour and type), then the line styles and the non-finite marker."
+    handles = [Line2D([], [], color=style.colour(n), lw=3, label=f"{_short(n)} ({style.types.get(n, '?')})")
+               for n in style.layers]
+    return handles + [Line2D([], [], color="0.3", ls="-", label="weight (or layer)"),
+                      Line2D([], [], color="0.3", ls="--", label="bias"),
+                      Line2D([], [], color="0.3", ls="none", marker="x", mew=2,
+                             label="at the top edge: NaN or inf at that step")]
+
 # %% ../nbs/11_dashboard.ipynb #e566517a
 def draw_key(ax, style: LayerStyle, config: dict | None = None) -> None:
     "The colour key shared by every panel, in its own axes: one entry per layer, line styles, markers; the run's config."
     ax.axis("off")
     ax.set_title("Colour key: one colour per layer in every panel", loc="left", fontsize=11, fontweight="bold")
-    handles = [Line2D([], [], color=style.colour(n), lw=3, label=f"{_short(n)} ({style.types.get(n, '?')})")
-               for n in style.layers]
-    handles += [Line2D([], [], color="0.3", ls="-", label="weight (or layer)"),
-                Line2D([], [], color="0.3", ls="--", label="bias"),
-                Line2D([], [], color="0.3", ls="none", marker="x", mew=2, label="at the top edge: NaN or inf at that step")]
     if not style.layers:
         _message(ax, "no layers recorded")
-    ax.legend(handles=handles, loc="upper left", ncol=2, fontsize=9, frameon=False)
+    ax.legend(handles=_key_handles(style), loc="upper left", ncol=2, fontsize=9, frameon=False)
     if style.hidden:
         ax.text(0.0, 0.0, f"Not drawn in any panel: {', '.join(map(_short, style.hidden))} (dropout: rescales its "
                 "input; non-finite values there are still reported)", transform=ax.transAxes, fontsize=8.5,
@@ -575,52 +679,84 @@ def draw_key(ax, style: LayerStyle, config: dict | None = None) -> None:
         ax.text(0.0, 0.12, "run: " + _config_line(config), transform=ax.transAxes, fontsize=8.5, va="bottom",
                 wrap=True)
 
+# %% ../nbs/11_dashboard.ipynb #f43646f7
+def _dashboard_grid(figsize, extra_rows: int) -> tuple[Figure, object]:
+    "The figure and its grid of four columns: the banner, six rows of panels, then `extra_rows` for the user's panels."
+    fig = Figure(figsize=(figsize[0], figsize[1] * (6 + extra_rows) / 6 + 1.2), layout="constrained")
+    return fig, fig.add_gridspec(7 + extra_rows, 4, height_ratios=[0.36] + [1] * (6 + extra_rows))
 
-def _config_line(config: dict, width: int = 300) -> str:
-    text = ", ".join(f"{k}={v}" for k, v in config.items() if k != "progress")
-    return text if len(text) <= width else text[: width - 1] + "…"
 
-# %% ../nbs/11_dashboard.ipynb #1528e4da
+_LEFT, _RIGHT = slice(0, 2), slice(2, 4)      # the two halves of a row
+
+
+def _panel_axes(fig: Figure, grid, row: int, cols):
+    "A new axes in panel row `row` (0 is the first row under the banner), spanning the columns `cols`."
+    return fig.add_subplot(grid[row + 1, cols])
+
+# %% ../nbs/11_dashboard.ipynb #b08500b3
+def _draw_top_panels(fig: Figure, grid, history: History, style: LayerStyle, last: int) -> list:
+    "Panels 1 to 5 and the colour key (rows 0 to 3); returns the axes over training steps."
+    timed = [_panel_axes(fig, grid, 0, _LEFT)]
+    draw_loss(timed[0], history, last)
+    draw_key(_panel_axes(fig, grid, 0, _RIGHT), style, history.meta.get("config"))
+    timed += [_panel_axes(fig, grid, 1, i) for i in range(4)]
+    draw_activations(timed[1:5], history, style, last)
+    timed += [_panel_axes(fig, grid, 2, _LEFT), _panel_axes(fig, grid, 2, _RIGHT)]
+    draw_gradients(timed[5:7], history, style, last)
+    timed += [_panel_axes(fig, grid, 3, _LEFT), _panel_axes(fig, grid, 3, _RIGHT)]
+    draw_updates(timed[7], history, style, last)
+    draw_spectral(timed[8], history, style, last)
+    return timed
+
+# %% ../nbs/11_dashboard.ipynb #5e7e038c
+def _draw_unit_row(fig: Figure, grid, history: History, style: LayerStyle, last: int) -> list:
+    "Panel 6 (row 4): unit health on the left, a histogram per shown layer on the right; returns the health axes."
+    health = _panel_axes(fig, grid, 4, _LEFT)
+    draw_unit_health(health, history, style, last)
+    layers = style.shown(history.names("units"))
+    cells = grid[5, 2:].subgridspec(1, max(len(layers), 1))
+    for i, name in enumerate(layers or [None]):
+        ax = fig.add_subplot(cells[i])
+        if name:
+            draw_histogram(ax, history, name, fig, last)
+        else:
+            _message(ax, "no histograms recorded")
+    return [health]
+
+# %% ../nbs/11_dashboard.ipynb #1fe82f3b
+def _draw_bottom(fig: Figure, grid, history: History, style: LayerStyle, last: int, extra: dict) -> list:
+    "Panel 7 beside the summary (row 5), then the user's panels, two to a row; returns the axes over training steps."
+    timed = [_panel_axes(fig, grid, 5, _LEFT)]
+    draw_per_class(timed[0], history, last)
+    draw_summary(_panel_axes(fig, grid, 5, _RIGHT), history)
+    for i, (name, info) in enumerate(extra.items()):
+        timed.append(_panel_axes(fig, grid, 6 + i // 2, slice(2 * (i % 2), 2 * (i % 2) + 2)))
+        draw_extra(timed[-1], history, style, last, name, info)
+    return timed
+
+# %% ../nbs/11_dashboard.ipynb #052fb8d8
+def _dashboard_title(history: History, title: str | None) -> str:
+    "`title` (default: the history's own), with a second line saying how far the run went if it stopped early."
+    title = title or history.meta.get("title") or "minitrain-inspect: is this run healthy?"
+    length = run_length(history)
+    return f"{title}\n{length}" if length else title
+
+
 def render_dashboard(history: History, title: str | None = None, figsize=(20, 25)) -> Figure:
     "Draw the verdict banner, the seven panels and any of the user's own from `history`, in reading order, into a `Figure`."
     if not isinstance(history, History):
         raise TypeError(f"render_dashboard needs a History, got {type(history).__name__}")
     style, last, extra = LayerStyle(history), _last_step(history), extra_panels(history)
-    rows = (len(extra) + 1) // 2                 # the user's panels, two to a row, below the seven
-    fig = Figure(figsize=(figsize[0], figsize[1] * (6 + rows) / 6 + 1.2), layout="constrained")
-    grid = fig.add_gridspec(7 + rows, 4, height_ratios=[0.36] + [1] * (6 + rows))
-    add = lambda row, cols: fig.add_subplot(grid[row + 1, cols])
+    fig, grid = _dashboard_grid(figsize, (len(extra) + 1) // 2)      # the user's panels, two to a row
     draw_verdict(fig.add_subplot(grid[0, :]), history)
-    timed = [add(0, slice(0, 2))]
-    draw_loss(timed[0], history, last)
-    draw_key(add(0, slice(2, 4)), style, history.meta.get("config"))
-    timed += [add(1, i) for i in range(4)]
-    draw_activations(timed[1:5], history, style, last)
-    timed += [add(2, slice(0, 2)), add(2, slice(2, 4))]
-    draw_gradients(timed[5:7], history, style, last)
-    timed += [add(3, slice(0, 2)), add(3, slice(2, 4)), add(4, slice(0, 2))]
-    draw_updates(timed[7], history, style, last)
-    draw_spectral(timed[8], history, style, last)
-    draw_unit_health(timed[9], history, style, last)
-    layers = style.shown(history.names("units"))
-    cells = grid[5, 2:].subgridspec(1, max(len(layers), 1))
-    for i, name in enumerate(layers or [None]):
-        ax = fig.add_subplot(cells[i])
-        draw_histogram(ax, history, name, fig, last) if name else _message(ax, "no histograms recorded")
-    timed.append(add(5, slice(0, 2)))
-    draw_per_class(timed[-1], history, last)
-    draw_summary(add(5, slice(2, 4)), history)
-    for i, (name, info) in enumerate(extra.items()):
-        timed.append(add(6 + i // 2, slice(2 * (i % 2), 2 * (i % 2) + 2)))
-        draw_extra(timed[-1], history, style, last, name, info)
+    timed = _draw_top_panels(fig, grid, history, style, last) + _draw_unit_row(fig, grid, history, style, last)
+    timed += _draw_bottom(fig, grid, history, style, last, extra)
     for ax in timed:
         mark_fired(ax, history)
-    title = title or history.meta.get("title") or "minitrain-inspect: is this run healthy?"
-    length = run_length(history)
-    fig.suptitle(f"{title}\n{length}" if length else title, fontsize=15, fontweight="bold")
+    fig.suptitle(_dashboard_title(history, title), fontsize=15, fontweight="bold")
     return fig
 
-
+# %% ../nbs/11_dashboard.ipynb #f53c342d
 def save_dashboard(history: History, path, title: str | None = None, dpi: int = 90) -> Path:
     "Render the dashboard and write it atomically to `path` (PNG, or any format matplotlib knows by the suffix)."
     path = Path(path)

@@ -24,7 +24,7 @@ import numpy as np
 from .data import MAX_PAST_LEN, N_SYMBOLS, iterate_batches
 from .inspect import EVERY_STEP, PANELS, Inspector
 from .panels import ACTIVATION_RANGES, SATURATION
-from .stats import atomic_write_text, check_output_path, optional_numba, to_jsonable
+from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import (OUTPUT_FEATURES, TrainConfig, build_run, params_sha256, run_data, run_to_end,
                                      training_steps)
 from .train import blas_threads as limit_blas_threads
@@ -33,11 +33,12 @@ from .twin import (INSTALL_HINT, TorchMissingError, require_torch, to_torch, tor
 
 # %% auto #0
 __all__ = ['VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF', 'MINITRAIN_VARIANTS',
-           'SCALING_VARIANTS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
-           'with_torch_dropout', 'torch_training_step', 'TorchWatcher', 'FastaiHooks', 'torch_moments',
-           'torch_unit_health', 'TorchSpectralNorm', 'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes',
-           'read_seconds', 'measure', 'run_benchmark', 'kernels_description', 'blas_description', 'machine_description',
-           'results_markdown', 'write_results', 'add_overhead_arguments', 'overhead_command']
+           'SCALING_VARIANTS', 'OVERHEAD_KEYS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
+           'with_torch_dropout', 'torch_training_step', 'TorchHandles', 'TorchWatcher', 'FastaiHooks', 'torch_moments',
+           'torch_unit_health', 'TorchSpectralNorm', 'moment_fields', 'FullSetTensors', 'FullSetUpdates',
+           'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes', 'read_seconds', 'measure', 'run_benchmark',
+           'kernels_description', 'blas_description', 'machine_description', 'results_markdown', 'write_results',
+           'add_overhead_arguments', 'overhead_command']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -49,9 +50,7 @@ VARIANTS = {
 }
 TORCH_VARIANTS = {"torch": None, "torch_hooks": "fastai", "torch_full": "full"}
 
-
-
-
+# %% ../nbs/13_overhead.ipynb #ffc657c7
 class TrainingRun:
     "A minitrain training run (with the Inspector of `variant`) advanced by `step()`; built and step 0 run untimed."
 
@@ -107,7 +106,7 @@ def torch_threads(n: int = 1):
     finally:
         torch.set_num_threads(before)
 
-
+# %% ../nbs/13_overhead.ipynb #d982a733
 def with_torch_dropout(twin):
     "Give the twin PyTorch's own `nn.Dropout` (same p, same mode) in place of its mask-replaying dropout; returns it."
     torch = require_torch()
@@ -117,7 +116,7 @@ def with_torch_dropout(twin):
                 setattr(module, name, torch.nn.Dropout(child.p).train(child.training))
     return twin
 
-
+# %% ../nbs/13_overhead.ipynb #2548daa2
 def torch_training_step(model, optimizer, batch, watcher=None) -> float:
     "One PyTorch training step on a minitrain `Batch`; hands `watcher.loss` the per-example losses; returns the loss."
     torch = require_torch()
@@ -133,11 +132,23 @@ def torch_training_step(model, optimizer, batch, watcher=None) -> float:
     return value
 
 # %% ../nbs/13_overhead.ipynb #0c180650
-def _is_leaf(module) -> bool:
-    return next(module.children(), None) is None
+class TorchHandles:
+    "Removable hook handles (`self.handles`): `remove()` takes every hook off, as does the end of a `with` block."
 
+    def remove(self) -> None:
+        "Remove every hook (safe to call twice)."
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
 
-class TorchWatcher:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.remove()
+
+# %% ../nbs/13_overhead.ipynb #137fd447
+class TorchWatcher(TorchHandles):
     "Base of the PyTorch watchers: removable hook handles, `history` as {key: [(step, value)]}, a step counter."
 
     def __init__(self):
@@ -160,19 +171,12 @@ class TorchWatcher:
         "The training loop's report of a step's loss (before the optimiser step)."
         self.record("loss/train", value)
 
-    def remove(self) -> None:
-        "Remove every hook (safe to call twice)."
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+# %% ../nbs/13_overhead.ipynb #3a98dca6
+def _is_leaf(module) -> bool:
+    "True for a module without children: the modules whose outputs are measured."
+    return next(module.children(), None) is None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.remove()
-
-
+# %% ../nbs/13_overhead.ipynb #beb579d6
 class FastaiHooks(TorchWatcher):
     "fastai-style watching: mean, std and near-zero share of each leaf output; each parameter's gradient norm."
 
@@ -202,7 +206,7 @@ class FastaiHooks(TorchWatcher):
     def _count(self, optimizer, args, kwargs):
         self.step += 1
 
-# %% ../nbs/13_overhead.ipynb #9db4c04d
+# %% ../nbs/13_overhead.ipynb #03552942
 def _two_pass(flat) -> tuple:
     "(n, mean, M2, min, max) of a 1-D tensor: the mean accumulated in float64, then squared deviations summed in float64."
     torch = require_torch()
@@ -214,7 +218,7 @@ def _two_pass(flat) -> tuple:
     n = flat.numel()
     return (n, m, max(s - n * (m - c) ** 2, 0.0), a, b)   # sum (x-c)^2 = M2 + n (mean-c)^2, exactly
 
-
+# %% ../nbs/13_overhead.ipynb #9db4c04d
 def torch_moments(x) -> tuple:
     "(n, mean, M2, min, max, nonfinite) of the finite values of tensor `x`, as Python numbers; M2 accumulated in double."
     torch = require_torch()
@@ -273,37 +277,30 @@ class TorchSpectralNorm:
         self._v = v
         return sigma.item()
 
+# %% ../nbs/13_overhead.ipynb #5a73e26a
+def moment_fields(moments: tuple) -> dict[str, float]:
+    "The Inspector's figures of one tensor from `(n, mean, M2, min, max, nonfinite)`: mean, std (n - 1), max |x|, l2."
+    n, mean, m2, lo, hi, _ = moments
+    return {"mean": mean if n else math.nan, "std": math.sqrt(m2 / (n - 1)) if n > 1 else math.nan,
+            "absmax": max(-lo, hi) if n else math.nan, "l2": math.sqrt(m2 + n * mean * mean) if n else math.nan}
+
 # %% ../nbs/13_overhead.ipynb #251c9eda
-class FullSetHooks(TorchWatcher):
-    "PyTorch hooks computing the Inspector's full set of statistics at every step (see above)."
-
-    def __init__(self, bins: int = 40):
-        super().__init__()
-        self.bins = bins
-        self._before, self._norms, self._spectral = {}, {}, {}
-
-    def attach(self, model, optimizer) -> "FullSetHooks":
-        "Hook every leaf module, leaf output, parameter of `model` and the step of `optimizer`; returns self."
-        nn = self.torch.nn
-        for name, module in model.named_modules():
-            if _is_leaf(module):
-                kind = "relu" if isinstance(module, nn.ReLU) else "tanh" if isinstance(module, nn.Tanh) else None
-                self.handles.append(module.register_forward_hook(functools.partial(self._forward, name, kind)))
-        self.params = dict(model.named_parameters())
-        for name, p in self.params.items():
-            self.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._gradient, name)))
-        self.handles += [optimizer.register_step_pre_hook(self._before_step),
-                         optimizer.register_step_post_hook(self._after_step)]
-        return self
+class FullSetTensors(TorchWatcher):
+    "The full set's hooks on tensors: moments of leaf outputs, of the gradients reaching them and of parameter gradients."
 
     def _moments(self, prefix: str, name: str, x, fields) -> None:
-        n, mean, m2, lo, hi, nonfinite = torch_moments(x)
-        values = {"mean": mean if n else math.nan, "std": math.sqrt(m2 / (n - 1)) if n > 1 else math.nan,
-                  "absmax": max(-lo, hi) if n else math.nan, "l2": math.sqrt(m2 + n * mean * mean) if n else math.nan}
+        moments = torch_moments(x)
+        values, nonfinite = moment_fields(moments), moments[-1]
         for field in fields:
             self.record(f"{prefix}/{name}/{field}", values[field])
         if nonfinite:
             self.record(f"{prefix}/{name}/nonfinite", nonfinite)
+
+    def _units(self, name: str, kind: str, output) -> None:
+        dead, share, hist, below, above = torch_unit_health(output, kind, self.bins)
+        fields = ("dead", "zero_share") if kind == "relu" else ("saturated", "saturated_share")
+        for field, value in zip(fields + ("histogram", "below", "above"), (dead, share, hist, below, above)):
+            self.record(f"units/{name}/{field}", value)
 
     def _forward(self, name, kind, module, args, output):
         if not module.training:
@@ -311,10 +308,7 @@ class FullSetHooks(TorchWatcher):
         with self.torch.no_grad():
             self._moments("activations", name, output, ("mean", "std", "absmax"))
             if kind is not None:
-                dead, share, hist, below, above = torch_unit_health(output, kind, self.bins)
-                fields = ("dead", "zero_share") if kind == "relu" else ("saturated", "saturated_share")
-                for field, value in zip(fields + ("histogram", "below", "above"), (dead, share, hist, below, above)):
-                    self.record(f"units/{name}/{field}", value)
+                self._units(name, kind, output)
         if output.requires_grad:
             output.register_hook(functools.partial(self._grad_output, name))
 
@@ -327,42 +321,70 @@ class FullSetHooks(TorchWatcher):
             self._moments("gradients", name, p.grad, ("l2",))
 
 # %% ../nbs/13_overhead.ipynb #e4647820
-def _full_before_step(self, optimizer, args, kwargs):
-    with self.torch.no_grad():
-        for name, p in self.params.items():
-            buffer = self._before.get(name)
-            if buffer is None:
-                buffer = self._before[name] = self.torch.empty_like(p)
-            buffer.copy_(p)
-            self._norms[name] = p.norm()
+class FullSetUpdates(FullSetTensors):
+    "The full set's optimiser hooks: ‖w‖ and a copy of w before the step, ‖Δw‖/‖w‖ and spectral norms after it."
 
+    def _before_step(self, optimizer, args, kwargs):
+        with self.torch.no_grad():
+            for name, p in self.params.items():
+                buffer = self._before.get(name)
+                if buffer is None:
+                    buffer = self._before[name] = self.torch.empty_like(p)
+                buffer.copy_(p)
+                self._norms[name] = p.norm()
 
-def _full_after_step(self, optimizer, args, kwargs):
-    with self.torch.no_grad():
+    def _record_ratios(self) -> None:
         names = list(self.params)
         deltas = [self._before[n].sub_(self.params[n]).norm() for n in names]     # w_before - w_after: same norm
         norms = self.torch.stack([self._norms[n] for n in names])
         ratios = self.torch.where(norms > 0, self.torch.stack(deltas) / norms, math.nan).tolist()  # ‖w‖ = 0: no ratio
         for name, ratio in zip(names, ratios):
             self.record(f"updates/{name}/ratio", ratio)
+
+    def _after_step(self, optimizer, args, kwargs):
+        with self.torch.no_grad():
+            self._record_ratios()
+            for name, p in self.params.items():
+                if p.ndim == 2:
+                    self.record(f"spectral/{name}/sigma", self._spectral.setdefault(name, TorchSpectralNorm()).estimate(p))
+        self.step += 1
+
+# %% ../nbs/13_overhead.ipynb #77942296
+def _leaf_kind(module, nn) -> str | None:
+    "'relu' or 'tanh' for a leaf whose unit health is measured, else None."
+    return "relu" if isinstance(module, nn.ReLU) else "tanh" if isinstance(module, nn.Tanh) else None
+
+# %% ../nbs/13_overhead.ipynb #2f93c93c
+class FullSetHooks(FullSetUpdates):
+    "PyTorch hooks computing the Inspector's full set of statistics at every step (see above)."
+
+    def __init__(self, bins: int = 40):
+        super().__init__()
+        self.bins = bins
+        self._before, self._norms, self._spectral = {}, {}, {}
+
+    def attach(self, model, optimizer) -> "FullSetHooks":
+        "Hook every leaf module, leaf output, parameter of `model` and the step of `optimizer`; returns self."
+        for name, module in model.named_modules():
+            if _is_leaf(module):
+                kind = _leaf_kind(module, self.torch.nn)
+                self.handles.append(module.register_forward_hook(functools.partial(self._forward, name, kind)))
+        self.params = dict(model.named_parameters())
         for name, p in self.params.items():
-            if p.ndim == 2:
-                self.record(f"spectral/{name}/sigma", self._spectral.setdefault(name, TorchSpectralNorm()).estimate(p))
-    self.step += 1
+            self.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._gradient, name)))
+        self.handles += [optimizer.register_step_pre_hook(self._before_step),
+                         optimizer.register_step_post_hook(self._after_step)]
+        return self
 
-
-def _full_loss(self, value: float, per_example, regular) -> None:
-    "The step's loss, and the mean loss of the regular and of the irregular verbs in the batch."
-    self.record("loss/train", value)
-    mask = self.torch.from_numpy(np.asarray(regular, dtype=bool))
-    with self.torch.no_grad():
-        for cls, m in (("regular", mask), ("irregular", ~mask)):
-            count = int(m.sum())
-            if count:
-                self.record(f"per_class/{cls}", per_example[m].sum().item() / count)
-
-
-FullSetHooks._before_step, FullSetHooks._after_step, FullSetHooks.loss = _full_before_step, _full_after_step, _full_loss
+    def loss(self, value: float, per_example, regular) -> None:
+        "The step's loss, and the mean loss of the regular and of the irregular verbs in the batch."
+        self.record("loss/train", value)
+        mask = self.torch.from_numpy(np.asarray(regular, dtype=bool))
+        with self.torch.no_grad():
+            for cls, m in (("regular", mask), ("irregular", ~mask)):
+                count = int(m.sum())
+                if count:
+                    self.record(f"per_class/{cls}", per_example[m].sum().item() / count)
 
 # %% ../nbs/13_overhead.ipynb #51ef5405
 class TorchRun:
@@ -383,18 +405,20 @@ class TorchRun:
         self._rng = torch.Generator().manual_seed(config.seed).get_state()   # this run's own dropout stream
         self.step()                                                           # step 0: untimed
 
+    def _advance(self, batch) -> None:
+        "One training step on `batch`, drawing dropout masks from this run's own random stream."
+        self.torch.set_rng_state(self._rng)
+        torch_training_step(self.model, self.optimizer, batch, self.watcher)
+        self._rng = self.torch.get_rng_state()
+
     def step(self) -> None:
         "Run one training step (on this run's own random stream)."
-        self.torch.set_rng_state(self._rng)
-        torch_training_step(self.model, self.optimizer, next(self._batches), self.watcher)
-        self._rng = self.torch.get_rng_state()
+        self._advance(next(self._batches))
 
     def finish(self) -> str:
         "Run the remaining steps, remove the hooks, and return the SHA-256 of the final parameters."
         for batch in self._batches:
-            self.torch.set_rng_state(self._rng)
-            torch_training_step(self.model, self.optimizer, batch, self.watcher)
-            self._rng = self.torch.get_rng_state()
+            self._advance(batch)
         if self.watcher is not None:
             self.watcher.remove()
         return params_sha256(self.model)     # duck-typed: a torch parameter converts to its NumPy array
@@ -403,6 +427,16 @@ class TorchRun:
 FLOOR_PARTS = ("leaf outputs", "output gradients", "parameter gradients", "parameters")
 
 
+def _keep_leaf_arrays(model, parts: dict) -> list:
+    "Hooks that append every leaf module's output and output gradient to `parts`; returns their handles."
+    handles = []
+    for _, module in model.named_modules():
+        if module.is_leaf():
+            handles.append(module.register_forward_hook(lambda m, a, k, out: parts["leaf outputs"].append(out)))
+            handles.append(module.register_backward_hook(lambda m, grad: parts["output gradients"].append(grad)))
+    return handles
+
+# %% ../nbs/13_overhead.ipynb #a8dcc892
 def floor_arrays(config: TrainConfig, data=None) -> dict[str, list[np.ndarray]]:
     "The arrays the Inspector must read at one training step of `config`'s model and first batch, by `FLOOR_PARTS`."
     if not isinstance(config, TrainConfig):
@@ -411,11 +445,7 @@ def floor_arrays(config: TrainConfig, data=None) -> dict[str, list[np.ndarray]]:
     model, _, loss_fn = build_run(config)
     batch = next(iterate_batches(data.train, config.batch_size, 1, seed=config.seed))
     parts = {part: [] for part in FLOOR_PARTS}
-    handles = []
-    for _, module in model.named_modules():
-        if module.is_leaf():
-            handles.append(module.register_forward_hook(lambda m, a, k, out: parts["leaf outputs"].append(out)))
-            handles.append(module.register_backward_hook(lambda m, grad: parts["output gradients"].append(grad)))
+    handles = _keep_leaf_arrays(model, parts)
     try:
         with limit_blas_threads(config.blas_threads):
             n = len(batch.inputs)
@@ -428,12 +458,12 @@ def floor_arrays(config: TrainConfig, data=None) -> dict[str, list[np.ndarray]]:
     parts["parameters"] = [p.data for p in model.parameters()]
     return parts
 
-
+# %% ../nbs/13_overhead.ipynb #0b6135d7
 def floor_bytes(parts: dict) -> int:
     "How many bytes the arrays of `floor_arrays` hold."
     return sum(int(a.nbytes) for arrays in parts.values() for a in arrays)
 
-
+# %% ../nbs/13_overhead.ipynb #9bc518d0
 def read_seconds(arrays, passes: int = 200) -> float:
     "Median seconds of one pass reading every array in `arrays` once (a BLAS dot with itself), from a warm cache."
     flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
@@ -451,13 +481,29 @@ def read_seconds(arrays, passes: int = 200) -> float:
 
 # %% ../nbs/13_overhead.ipynb #06d3dbad
 def _make_run(variant: str, config: TrainConfig, data):
+    "A fresh run of `variant`: a `TrainingRun` for the minitrain variants, a `TorchRun` for PyTorch's."
     if variant in VARIANTS:
         return TrainingRun(config, data, variant)
     if variant in TORCH_VARIANTS:
         return TorchRun(config, data, TORCH_VARIANTS[variant])
     raise ValueError(f"unknown variant {variant!r}; the variants are {sorted(VARIANTS) + sorted(TORCH_VARIANTS)}")
 
+# %% ../nbs/13_overhead.ipynb #f8d6a847
+def _check_unchanged(digests: dict) -> None:
+    "Raise unless the minitrain runs all ended with the same parameters, and the PyTorch runs likewise."
+    for group in (VARIANTS, TORCH_VARIANTS):
+        seen = {v: d for v, d in digests.items() if v in group}
+        if len(set(seen.values())) > 1:
+            raise AssertionError(f"watching changed the training run: {seen}")
 
+
+def _add_cost(cost: dict, runs: dict) -> None:
+    "Add the seconds each panel of the every-step run spent (`inspector.cost`) to `cost`, if there is such a run."
+    if "every_step" in runs:
+        for panel, seconds in runs["every_step"].inspector.cost.items():
+            cost[panel] = cost.get(panel, 0.0) + seconds
+
+# %% ../nbs/13_overhead.ipynb #244af47a
 def measure(config: TrainConfig, data, variants, repeats: int, block: int = 20, progress=None,
             floor: bool = False) -> dict:
     "Per variant the ms/step of each repeat (`times`), the every-step panels' seconds, the guard's adjustments, floor times."
@@ -466,16 +512,10 @@ def measure(config: TrainConfig, data, variants, repeats: int, block: int = 20, 
     for _ in range(repeats):
         runs = {v: _make_run(v, config, data) for v in variants}
         ms = lockstep(runs, config.steps - 2, block, progress)
-        digests = {v: run.finish() for v, run in runs.items()}
-        for group in (VARIANTS, TORCH_VARIANTS):
-            seen = {v: d for v, d in digests.items() if v in group}
-            if len(set(seen.values())) > 1:
-                raise AssertionError(f"watching changed the training run: {seen}")
+        _check_unchanged({v: run.finish() for v, run in runs.items()})
         for v in variants:
             times[v].append(ms[v])
-        if "every_step" in runs:
-            for panel, seconds in runs["every_step"].inspector.cost.items():
-                cost[panel] = cost.get(panel, 0.0) + seconds
+        _add_cost(cost, runs)
         if "budget" in runs:
             throttled = list(runs["budget"].inspector.throttled)
         if parts is not None:
@@ -512,6 +552,7 @@ SCALING_VARIANTS = ("baseline", "default", "every_step")
 
 
 def _check_sizes(label: str, values, limit: int | None = None) -> tuple:
+    "`values` as a tuple of ints, each positive (and at most `limit`); ValueError naming `label` otherwise."
     values = tuple(values)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -520,8 +561,9 @@ def _check_sizes(label: str, values, limit: int | None = None) -> tuple:
             raise ValueError(f"{label}: {v} is larger than the training data ({limit} examples)")
     return tuple(int(v) for v in values)
 
-
+# %% ../nbs/13_overhead.ipynb #b3ca0f8f
 def _check_benchmark(steps, repeats, width_repeats, against, variants) -> tuple:
+    "The variants to run, PyTorch's added for `against='torch'`; ValueError for any setting out of range."
     for label, value, low in (("steps", steps, 3), ("repeats", repeats, 1), ("scaling repeats", width_repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"the benchmark needs {label} >= {low}, got {value!r}")
@@ -535,8 +577,9 @@ def _check_benchmark(steps, repeats, width_repeats, against, variants) -> tuple:
         variants += tuple(TORCH_VARIANTS)
     return variants
 
-
+# %% ../nbs/13_overhead.ipynb #de02ee5e
 def _scaling_point(main: dict, point: dict | None) -> dict:
+    "One row of a scaling table: from `point`'s times, or from the main measurement's for the reference point."
     times = (point or main)["times"]
     out = {"baseline_ms": statistics.median(times["baseline"]), "reference": point is None}
     for v in ("default", "every_step"):
@@ -544,6 +587,35 @@ def _scaling_point(main: dict, point: dict | None) -> dict:
         out[f"{v}_ms"], out[f"overhead_{v}" if v != "default" else "overhead"], out[f"spread_{v}"] = (
             statistics.median(times[v]), s["median"], s)
     return out
+
+# %% ../nbs/13_overhead.ipynb #4419570f
+def _scaling_configs(config: TrainConfig, widths, batches, examples: int) -> list[tuple]:
+    "The scaling points as (axis, value, config): two hidden layers of each width, then each batch size."
+    points = [("width", w, replace(config, hidden=(w, w))) for w in _check_sizes("widths", widths)]
+    points += [("batch", b, replace(config, batch_size=b)) for b in _check_sizes("batches", batches, examples)]
+    return points
+
+# %% ../nbs/13_overhead.ipynb #d9e2b668
+def _measure_scaling(main: dict, config: TrainConfig, data, points, repeats: int, block: int, bar) -> dict:
+    "The scaling tables, {axis: {value: row}}: every point measured, except the reference point `config` itself."
+    scaling = {"width": {}, "batch": {}}
+    for axis, value, point in points:
+        bar.set_postfix_str(f"{axis} {value}", refresh=False)
+        measured = None if point == config else measure(point, data, SCALING_VARIANTS, repeats, block, bar)
+        scaling[axis][str(value)] = _scaling_point(main, measured)
+    return scaling
+
+# %% ../nbs/13_overhead.ipynb #0a71979e
+def _load_average() -> float:
+    "The 1-minute load average, NaN where the system does not report one."
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def _progress_bar(total: int, progress: bool):
+    "A tqdm bar on stderr counting `total` timed steps (disabled unless `progress`)."
+    from tqdm.auto import tqdm
+    return tqdm(total=total, disable=not progress, file=sys.stderr, desc="overhead", unit="step", leave=False,
+                mininterval=0.5)
 
 # %% ../nbs/13_overhead.ipynb #cc54a1a6
 def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3, seed: int = 0,
@@ -553,65 +625,59 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
     variants = _check_benchmark(steps, repeats, width_repeats, against, variants)
     config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, blas_threads=blas_threads)
     data = run_data(config)
-    points = [("width", w, replace(config, hidden=(w, w))) for w in _check_sizes("widths", widths)]
-    points += [("batch", b, replace(config, batch_size=b)) for b in _check_sizes("batches", batches, len(data.train))]
+    points = _scaling_configs(config, widths, batches, len(data.train))
     extra = [p for p in points if p[2] != config]
     total = (steps - 2) * (repeats * len(variants) + width_repeats * len(SCALING_VARIANTS) * len(extra))
-    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    from tqdm.auto import tqdm
-    with limit_blas_threads(blas_threads), torch_threads(blas_threads), \
-            tqdm(total=total, disable=not progress, file=sys.stderr, desc="overhead", unit="step", leave=False,
-                 mininterval=0.5) as bar:
+    load_start = _load_average()
+    with limit_blas_threads(blas_threads), torch_threads(blas_threads), _progress_bar(total, progress) as bar:
         blas = blas_description()
         main = measure(config, data, variants, repeats, block, bar, floor=True)
-        scaling = {"width": {}, "batch": {}}
-        for axis, value, point in points:
-            bar.set_postfix_str(f"{axis} {value}", refresh=False)
-            measured = None if point == config else measure(point, data, SCALING_VARIANTS, width_repeats, block, bar)
-            scaling[axis][str(value)] = _scaling_point(main, measured)
+        scaling = _measure_scaling(main, config, data, points, width_repeats, block, bar)
     return _summarise(main, scaling, dict(steps=steps, repeats=repeats, scaling_repeats=width_repeats, seed=seed,
                                           blas_threads=blas_threads, blas=blas, kernels=kernels_description(),
-                                          against=against, load=(
-                                              load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan)))
+                                          against=against, load=(load_start, _load_average())))
 
 # %% ../nbs/13_overhead.ipynb #9d081a09
-def _summarise(main: dict, scaling: dict, head: dict) -> dict:
-    times = main["times"]
-    spread = _spreads(times)
+OVERHEAD_KEYS = (("overhead", "default"), ("overhead_every_step", "every_step"), ("overhead_disabled", "disabled"),
+                 ("overhead_budget", "budget"), ("torch_hooks_overhead", "torch_hooks"),
+                 ("torch_full_set_overhead", "torch_full"), ("torch_vs_minitrain", "torch"))
+
+
+def _overheads(main: dict, head: dict) -> dict:
+    "Medians, spreads and overheads by variant, each panel's cost as a share of a baseline step, the guard's work."
+    times, spread = main["times"], _spreads(main["times"])
     baseline = statistics.median(times["baseline"])
-    floor_ms = main["floor_ms"]
-    out = {**head, "baseline_ms": baseline, "median_ms": {v: statistics.median(t) for v, t in times.items()},
+    out = {"baseline_ms": baseline, "median_ms": {v: statistics.median(t) for v, t in times.items()},
            "spread": spread, "overhead_by_variant": {v: s["median"] for v, s in spread.items()},
            "per_panel": {p: 1000 * c / (head["repeats"] * head["steps"]) / baseline for p, c in main["cost"].items()}
-           if "every_step" in times else {},
-           "budget_throttled": main["throttled"], "scaling": scaling}
-    out["inspected_ms"] = out["median_ms"].get("default", math.nan)
-    for key, variant in (("overhead", "default"), ("overhead_every_step", "every_step"),
-                         ("overhead_disabled", "disabled"), ("overhead_budget", "budget"),
-                         ("torch_hooks_overhead", "torch_hooks"), ("torch_full_set_overhead", "torch_full"),
-                         ("torch_vs_minitrain", "torch")):
-        out[key] = out["overhead_by_variant"].get(variant)
-    out["torch_baseline_ms"] = out["median_ms"].get("torch")
-    out["torch_threads"] = head["blas_threads"] if "torch" in times else None
-    out["torch_version"] = require_torch().__version__ if "torch" in times else None
-    out["inspector_ahead_of_torch"] = (None if out["torch_full_set_overhead"] is None or out["overhead_every_step"] is None
-                                       else out["overhead_every_step"] < out["torch_full_set_overhead"])
-    out["floor_bytes"] = sum(main["floor_parts"].values())
-    out["floor_bytes_by_part"] = main["floor_parts"]
-    out["floor_ms"] = statistics.median(floor_ms)
-    out["floor_method"] = "one BLAS dot of each array with itself, warm cache, median of 200 passes"
-    out["floor_fraction"] = statistics.median(f / b for f, b in zip(floor_ms, times["baseline"]))
-    if "every_step" in times:
-        ratios = [(e - b) / f for e, b, f in zip(times["every_step"], times["baseline"], floor_ms)]
-        out["floor_ratio"], out["floor_ratio_spread"] = statistics.median(ratios), _spread(ratios)
-    else:
-        out["floor_ratio"] = out["floor_ratio_spread"] = None
-    out["warnings"] = _spread_warnings(spread, scaling)
-    out["machine"], out["date"] = machine_description(), _dt.date.today().isoformat()
+           if "every_step" in times else {}, "budget_throttled": main["throttled"]}
     return out
 
+# %% ../nbs/13_overhead.ipynb #ef0fdf8e
+def _torch_figures(out: dict, times: dict) -> dict:
+    "PyTorch's baseline, threads and version, and whether the every-step Inspector beats PyTorch's full set."
+    ran = "torch" in times
+    full, every = out["torch_full_set_overhead"], out["overhead_every_step"]
+    return {"torch_baseline_ms": out["median_ms"].get("torch"), "torch_threads": out["blas_threads"] if ran else None,
+            "torch_version": require_torch().__version__ if ran else None,
+            "inspector_ahead_of_torch": None if full is None or every is None else every < full}
 
+# %% ../nbs/13_overhead.ipynb #27d96d7a
+def _floor_figures(main: dict) -> dict:
+    "The floor: bytes, ms, how it was read, its share of a baseline step, the every-step cost as a multiple of it."
+    times, floor_ms = main["times"], main["floor_ms"]
+    out = {"floor_bytes": sum(main["floor_parts"].values()), "floor_bytes_by_part": main["floor_parts"],
+           "floor_ms": statistics.median(floor_ms),
+           "floor_method": "one BLAS dot of each array with itself, warm cache, median of 200 passes",
+           "floor_fraction": statistics.median(f / b for f, b in zip(floor_ms, times["baseline"]))}
+    if "every_step" not in times:
+        return out | {"floor_ratio": None, "floor_ratio_spread": None}
+    ratios = [(e - b) / f for e, b, f in zip(times["every_step"], times["baseline"], floor_ms)]
+    return out | {"floor_ratio": statistics.median(ratios), "floor_ratio_spread": _spread(ratios)}
+
+# %% ../nbs/13_overhead.ipynb #21188ef8
 def _spread_warnings(spread: dict, scaling: dict) -> list[str]:
+    "One warning naming every figure whose repeats lie more than `SPREAD_WARNING_POINTS` apart; none if none does."
     noisy = [f"{v} ({s['points']:.1f})" for v, s in spread.items() if s["points"] > SPREAD_WARNING_POINTS]
     for axis, rows in scaling.items():
         for value, row in rows.items():
@@ -621,16 +687,15 @@ def _spread_warnings(spread: dict, scaling: dict) -> list[str]:
     return [f"spread over repeats above {SPREAD_WARNING_POINTS:g} percentage points: " + ", ".join(noisy) +
             " (a busy machine: read those figures as rough)"] if noisy else []
 
-
+# %% ../nbs/13_overhead.ipynb #3b132d72
 def kernels_description() -> str:
-    "Which code measures the statistics: numba's compiled kernels (the extra `fast`), or NumPy's passes."
-    numba = optional_numba()
-    if numba is None:
-        return 'NumPy, four passes per tensor (numba not installed: pip install "minitrain-inspect[fast]")'
-    return (f"numba {numba.__version__}, one compiled pass per tensor; the update norms and spectral products taken in "
-            "the optimiser's update loop")
+    "How the Inspector measures: the class of its array interface (`Inspector().ops`) and what that class promises."
+    ops = type(Inspector().ops)
+    promise = (ops.__doc__ or "").split(": ", 1)[-1].rstrip(".")
+    return (f"{ops.__name__}, {promise}; the update and spectral panels copy the weights before the step and "
+            "compare them after")
 
-
+# %% ../nbs/13_overhead.ipynb #d2fb72d8
 def blas_description() -> str:
     "The BLAS libraries NumPy uses and their thread counts now, from `threadpoolctl` ('openblas 0.3.27: 1 thread')."
     from threadpoolctl import threadpool_info
@@ -638,7 +703,7 @@ def blas_description() -> str:
     return "; ".join(f"{i.get('internal_api', '?')} {i.get('version') or ''}".rstrip() +
                      f": {i['num_threads']} thread{'s' if i['num_threads'] != 1 else ''}" for i in pools) or "no BLAS found"
 
-
+# %% ../nbs/13_overhead.ipynb #fffa3594
 def machine_description() -> str:
     "The machine, briefly: CPU model and count, platform, Python and NumPy versions."
     cpu = platform.processor() or ""
@@ -650,15 +715,29 @@ def machine_description() -> str:
     return (f"{cpu + ', ' if cpu else ''}{os.cpu_count()} cores, {platform.machine()}, {platform.system()} "
             f"{platform.release()}, Python {platform.python_version()}, NumPy {np.__version__}")
 
+# %% ../nbs/13_overhead.ipynb #b199e352
+def _summarise(main: dict, scaling: dict, head: dict) -> dict:
+    "Every figure of a benchmark: its settings (`head`), overheads, PyTorch's figures, the floor, warnings, machine."
+    out = {**head, **_overheads(main, head), "scaling": scaling}
+    out["inspected_ms"] = out["median_ms"].get("default", math.nan)
+    out |= {key: out["overhead_by_variant"].get(variant) for key, variant in OVERHEAD_KEYS}
+    out |= _torch_figures(out, main["times"])
+    out |= _floor_figures(main)
+    out["warnings"] = _spread_warnings(out["spread"], scaling)
+    out["machine"], out["date"] = machine_description(), _dt.date.today().isoformat()
+    return out
+
 # %% ../nbs/13_overhead.ipynb #78122e82
 def _pct(x) -> str:
+    "A fraction as a signed percentage ('+5.0%'), or 'n/a'."
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
 
 
 def _spread_text(spread: dict | None) -> str:
+    "The lowest and highest repeat, and how far apart they lie ('+0.0% to +20.0% (20.0 pts)'); '' if none."
     return "" if not spread else f"{_pct(spread['low'])} to {_pct(spread['high'])} ({spread['points']:.1f} pts)"
 
-
+# %% ../nbs/13_overhead.ipynb #5215c813
 ROWS = (("minitrain, no Inspector (baseline)", "baseline"),
         ("Inspector, default schedules (target <= 5%)", "default"),
         ("Inspector, every panel every step (target <= 30%)", "every_step"),
@@ -668,8 +747,9 @@ ROWS = (("minitrain, no Inspector (baseline)", "baseline"),
         ("PyTorch + fastai-style hooks (vs PyTorch)", "torch_hooks"),
         ("PyTorch computing the Inspector's full set (vs PyTorch)", "torch_full"))
 
-
+# %% ../nbs/13_overhead.ipynb #e42b778d
 def _verdicts(bench: dict) -> list[str]:
+    "Each overhead measured against its target ('within' or 'OVER'), and the every-step run against PyTorch's."
     out = []
     for key, label, target in (("overhead", "default schedules", 0.05), ("overhead_every_step", "every step", 0.30),
                                ("overhead_disabled", "disabled", 0.01)):
@@ -680,8 +760,9 @@ def _verdicts(bench: dict) -> list[str]:
                    f"({_pct(bench['overhead_every_step'])} against {_pct(bench['torch_full_set_overhead'])})")
     return out
 
-
+# %% ../nbs/13_overhead.ipynb #b1ca207b
 def _floor_lines(bench: dict) -> list[str]:
+    "The floor: the bytes read per step by part, the time to read them once, and the every-step cost as a multiple."
     parts = ", ".join(f"{k} {v / 2**20:.2f}" for k, v in bench["floor_bytes_by_part"].items())
     spread = bench.get("floor_ratio_spread")
     ratio = "" if bench.get("floor_ratio") is None else (
@@ -691,8 +772,9 @@ def _floor_lines(bench: dict) -> list[str]:
             f"Reading them once ({bench['floor_method']}) takes {bench['floor_ms']:.3f} ms, "
             f"**{100 * bench['floor_fraction']:.1f}% of a baseline step**.{ratio}", ""]
 
-
+# %% ../nbs/13_overhead.ipynb #d57a27f0
 def _scaling_lines(bench: dict) -> list[str]:
+    "A table per scaling axis measured: the baseline's ms/step, the default and every-step overheads with spreads."
     lines = []
     for axis, label in (("width", "hidden width (width x width, batch 64)"), ("batch", "batch size (width 256)")):
         rows = bench.get("scaling", {}).get(axis) or {}
@@ -707,29 +789,36 @@ def _scaling_lines(bench: dict) -> list[str]:
         lines.append("")
     return lines
 
-# %% ../nbs/13_overhead.ipynb #0f1587fa
-def results_markdown(bench: dict) -> str:
-    "The benchmark figures as a one-page Markdown note, the thread settings stated above the table."
-    ms, spread = bench["median_ms"], bench.get("spread", {})
+# %% ../nbs/13_overhead.ipynb #850fc3d3
+def _method_lines(bench: dict) -> list[str]:
+    "The note's title, how the figures were measured, and the BLAS and PyTorch thread settings."
     torch_threads = "" if bench.get("torch_threads") is None else (
         f"; PyTorch {bench['torch_version']}: torch.set_num_threads({bench['torch_threads']})")
-    lines = ["# Inspector overhead", "",
-             f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam, dropout 0.3. Each "
-             f"repeat trains one {bench['steps']}-step run per configuration, the runs advanced in lockstep (blocks of "
-             f"20 steps, rotating order). Only steps are timed: the dataset, model, optimiser and hooks are built, and "
-             f"step 0 run, before the clock starts; the last step (it evaluates) is left out. t = mean time per timed "
-             f"step; figures are medians over {bench['repeats']} repeats; overhead = median of paired "
-             f"(t_variant - t_baseline) / t_baseline, with the lowest and highest repeat. PyTorch runs the twin of "
-             f"the same model with its own nn.Dropout (each framework draws its own masks).", "",
-             f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl: {bench['blas']}"
-             f"{torch_threads}). **Statistics:** {bench.get('kernels', 'not recorded')}.", "",
-             "| configuration | median ms/step | overhead | spread over repeats |", "|---|---:|---:|---:|"]
+    return ["# Inspector overhead", "",
+            f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam, dropout 0.3. Each "
+            f"repeat trains one {bench['steps']}-step run per configuration, the runs advanced in lockstep (blocks of "
+            f"20 steps, rotating order). Only steps are timed: the dataset, model, optimiser and hooks are built, and "
+            f"step 0 run, before the clock starts; the last step (it evaluates) is left out. t = mean time per timed "
+            f"step; figures are medians over {bench['repeats']} repeats; overhead = median of paired "
+            f"(t_variant - t_baseline) / t_baseline, with the lowest and highest repeat. PyTorch runs the twin of "
+            f"the same model with its own nn.Dropout (each framework draws its own masks).", "",
+            f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl: {bench['blas']}"
+            f"{torch_threads}). **Statistics:** {bench.get('kernels', 'not recorded')}.", ""]
+
+# %% ../nbs/13_overhead.ipynb #4531bc16
+def _table_lines(bench: dict) -> list[str]:
+    "The table of configurations (median ms/step, overhead, spread over repeats), then any warnings."
+    ms, spread = bench["median_ms"], bench.get("spread", {})
+    lines = ["| configuration | median ms/step | overhead | spread over repeats |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {ms[v]:.3f} | {'—' if v == 'baseline' else _pct(spread[v]['median'])} | "
               f"{_spread_text(spread.get(v))} |" for name, v in ROWS if v in ms]
-    lines += [""] + [f"Warning: {w}." for w in bench.get("warnings", [])] + (
+    return lines + [""] + [f"Warning: {w}." for w in bench.get("warnings", [])] + (
         [""] if bench.get("warnings") else [])
-    lines += ["Verdicts: " + "; ".join(_verdicts(bench)) + ".", ""]
-    lines += _floor_lines(bench)
+
+# %% ../nbs/13_overhead.ipynb #3d6af3d5
+def _cost_lines(bench: dict) -> list[str]:
+    "Each panel's cost in the every-step run, and the budget guard's last adjustment, where there are any."
+    lines = []
     if bench.get("per_panel"):
         lines += ["Per-panel cost with every panel at every step (`inspector.cost`, per step, as a share of the "
                   "baseline step): " + ", ".join(f"{p} {100 * c:.1f}%" for p, c in bench["per_panel"].items()) + ".", ""]
@@ -737,11 +826,21 @@ def results_markdown(bench: dict) -> str:
     if events:
         lines += [f"Budget guard (every-step run): {len(events)} adjustments, the last at step {events[-1]['step']} "
                   f"({events[-1]['panel']} {events[-1]['from']} -> {events[-1]['to']}).", ""]
-    lines += _scaling_lines(bench)
+    return lines
+
+# %% ../nbs/13_overhead.ipynb #f158d2ca
+def _machine_lines(bench: dict) -> list[str]:
+    "The machine, its load at the start and the end, the date, and the command that produced the note."
     load = bench.get("load") or (math.nan, math.nan)
-    lines += [f"Machine: {bench['machine']}. Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
-              f"Date: {bench['date']}.",
-              "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "") + "`.", ""]
+    return [f"Machine: {bench['machine']}. Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
+            f"Date: {bench['date']}.",
+            "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "") + "`.", ""]
+
+# %% ../nbs/13_overhead.ipynb #0f1587fa
+def results_markdown(bench: dict) -> str:
+    "The benchmark figures as a one-page Markdown note, the thread settings stated above the table."
+    lines = _method_lines(bench) + _table_lines(bench) + ["Verdicts: " + "; ".join(_verdicts(bench)) + ".", ""]
+    lines += _floor_lines(bench) + _cost_lines(bench) + _scaling_lines(bench) + _machine_lines(bench)
     return "\n".join(lines)
 
 
@@ -754,8 +853,8 @@ FULL = dict(steps=200, repeats=5, widths=[64, 256, 1024], batches=[16, 64, 256],
 QUICK = dict(steps=30, repeats=2, widths=[64], batches=[16], scaling_repeats=1)
 
 
-def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    "Add the `overhead` subcommand's flags to `parser`; returns it."
+def _size_arguments(parser: argparse.ArgumentParser) -> None:
+    "The flags that size the measurement: steps, repeats, and the scaling points (None: --quick's or FULL's value)."
     f, q = FULL, QUICK
     parser.add_argument("--steps", type=int, default=None, help=f"steps per timed run (default {f['steps']}; "
                                                                  f"--quick {q['steps']})")
@@ -766,6 +865,11 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                         help="batch sizes for the scaling table (default 16 64 256; none to skip)")
     parser.add_argument("--scaling-repeats", type=int, default=None, metavar="N",
                         help=f"repeats at each scaling point (default {f['scaling_repeats']})")
+
+# %% ../nbs/13_overhead.ipynb #68dedcd9
+def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "Add the `overhead` subcommand's flags to `parser`; returns it."
+    _size_arguments(parser)
     parser.add_argument("--against", choices=["torch"], default=None,
                         help="also run the PyTorch twin: plain, with fastai-style hooks, and computing the full set")
     parser.add_argument("--quick", action="store_true", help="a small, fast measurement (a smoke test, not a figure)")
@@ -777,18 +881,30 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                         help="also write the results note (Markdown) to FILE (default: print only)")
     return parser
 
+# %% ../nbs/13_overhead.ipynb #8bea108c
+def _settings(args: argparse.Namespace) -> dict:
+    "The measurement's size: --quick's or FULL's, each flag given explicitly winning."
+    return {k: v if getattr(args, k) is None else getattr(args, k) for k, v in (QUICK if args.quick else FULL).items()}
 
+# %% ../nbs/13_overhead.ipynb #d765ea77
+def _torch_missing(args: argparse.Namespace) -> bool:
+    "True, after saying on stderr how to install it, when `--against torch` was asked for without PyTorch."
+    if args.against != "torch":
+        return False
+    try:
+        require_torch()
+    except TorchMissingError:
+        print(f"minitrain-inspect: error: --against torch needs PyTorch, which is not installed: {INSTALL_HINT}",
+              file=sys.stderr)
+        return True
+    return False
+
+# %% ../nbs/13_overhead.ipynb #47aad060
 def overhead_command(args: argparse.Namespace) -> int:
     "Run `minitrain-inspect overhead` with parsed `args`; print the note (or JSON); return the exit status."
-    settings = {k: v if getattr(args, k) is None else getattr(args, k)
-                for k, v in (QUICK if args.quick else FULL).items()}
-    if args.against == "torch":
-        try:
-            require_torch()
-        except TorchMissingError:
-            print(f"minitrain-inspect: error: --against torch needs PyTorch, which is not installed: {INSTALL_HINT}",
-                  file=sys.stderr)
-            return 2
+    settings = _settings(args)
+    if _torch_missing(args):
+        return 2
     out = None if args.out is None else check_output_path(args.out)
     TrainConfig(blas_threads=args.blas_threads)                # checks the thread count before any work
     bench = run_benchmark(steps=settings["steps"], repeats=settings["repeats"], widths=settings["widths"],

@@ -301,3 +301,12 @@ def test_where_time_goes_prints_both_tables_and_leaves_the_variants_as_they_were
         "the script must put TensorPanel.measure back"
     with pytest.raises(SystemExit):
         script.main(["--steps", "2"])
+
+
+@pytest.mark.skipif(not torch_available(), reason="needs PyTorch")
+def test_where_time_goes_times_torch_moments_against_var_mean():
+    script = _where_time_goes()
+    lines = script.torch_moments_table(shapes=((4, 8), (3, 5)), repeats=3)
+    assert lines[0].startswith("| shape | torch_moments (two passes)") and len(lines) == 2 + 2, lines
+    assert lines[2].startswith("| (4, 8) | ") and lines[3].startswith("| (3, 5) | ") and lines[3].endswith("x |"), lines
+
