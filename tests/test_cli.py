@@ -221,7 +221,12 @@ def _interrupt(args, after: float):
     p = subprocess.Popen([SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(after)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:     # never leave it running: kill it, then fail
+        p.kill()
+        p.communicate()
+        raise AssertionError(f"{args[0]} went on for 120 s after SIGINT (was SIGINT ignored where the tests run?)")
     return p.returncode, out, err
 
 
