@@ -286,8 +286,8 @@ def _train(config, inspector=None):
 def _run_train(args) -> int:
     config = _config(args)
     if args.inspect:
-        from minitrain_inspect.inspect import Inspector   # imported when used: the command starts fast
-        result = _train(config, inspector=Inspector())
+        from minitrain_inspect.speed import fast_inspector   # imported when used: the command starts fast
+        result = _train(config, inspector=fast_inspector())
     else:
         result = _train(config)
     summary = train_summary(result)
@@ -353,8 +353,8 @@ def _run_demo(args) -> int:
     config = _check_demo_flags(args)              # every flag checked before any work...
     staging = staging_folder(args.out)            # ...and the output folder too
     try:
-        from minitrain_inspect.inspect import Inspector
-        result = _train(config, inspector=Inspector(budget=args.budget))
+        from minitrain_inspect.speed import fast_inspector   # compiled where numba is installed
+        result = _train(config, inspector=fast_inspector(budget=args.budget))
         summary = train_summary(result)
         _write_demo_files(staging, config, result, summary)
         _print_train_text(summary)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .data import MAX_PAST_LEN, N_SYMBOLS, iterate_batches
 from .inspect import EVERY_STEP, PANELS, Inspector
+from .speed import fast_inspector
 from .panels import ACTIVATION_RANGES, SATURATION
 from .stats import atomic_write_text, check_output_path, to_jsonable
 from .train import (OUTPUT_FEATURES, TrainConfig, build_run, params_sha256, run_data, run_to_end,
@@ -32,13 +33,13 @@ from .twin import (INSTALL_HINT, TorchMissingError, require_torch, to_torch, tor
                                     torch_per_example_loss)
 
 # %% auto #0
-__all__ = ['VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF', 'MINITRAIN_VARIANTS',
-           'SCALING_VARIANTS', 'OVERHEAD_KEYS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun', 'lockstep', 'torch_threads',
-           'with_torch_dropout', 'torch_training_step', 'TorchHandles', 'TorchWatcher', 'FastaiHooks', 'torch_moments',
-           'torch_unit_health', 'TorchSpectralNorm', 'moment_fields', 'FullSetTensors', 'FullSetUpdates',
-           'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes', 'read_seconds', 'measure', 'run_benchmark',
-           'kernels_description', 'blas_description', 'machine_description', 'results_markdown', 'write_results',
-           'add_overhead_arguments', 'overhead_command']
+__all__ = ['VARIANTS', 'PLAIN_VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF',
+           'MINITRAIN_VARIANTS', 'SCALING_VARIANTS', 'OVERHEAD_KEYS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun',
+           'lockstep', 'torch_threads', 'with_torch_dropout', 'torch_training_step', 'TorchHandles', 'TorchWatcher',
+           'FastaiHooks', 'torch_moments', 'torch_unit_health', 'TorchSpectralNorm', 'moment_fields', 'FullSetTensors',
+           'FullSetUpdates', 'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes', 'read_seconds', 'measure',
+           'run_benchmark', 'kernels_description', 'blas_description', 'machine_description', 'results_markdown',
+           'write_results', 'add_overhead_arguments', 'overhead_command']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -47,7 +48,10 @@ VARIANTS = {
     "every_step": dict(schedules=EVERY_STEP),
     "disabled": dict(enabled=False),
     "budget": dict(schedules=EVERY_STEP, budget=0.30),
+    "plain_default": dict(),
+    "plain_every_step": dict(schedules=EVERY_STEP),
 }
+PLAIN_VARIANTS = ("plain_default", "plain_every_step")   # the plain Inspector (NumPy alone); the others fast_inspector
 TORCH_VARIANTS = {"torch": None, "torch_hooks": "fastai", "torch_full": "full"}
 
 # %% ../nbs/13_overhead.ipynb #ffc657c7
@@ -57,7 +61,8 @@ class TrainingRun:
     def __init__(self, config: TrainConfig, data, variant: str = "baseline"):
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; the minitrain variants are {sorted(VARIANTS)}")
-        self.inspector = None if VARIANTS[variant] is None else Inspector(**VARIANTS[variant])
+        make = Inspector if variant in PLAIN_VARIANTS else fast_inspector   # fast_inspector: the plain one without numba
+        self.inspector = None if VARIANTS[variant] is None else make(**VARIANTS[variant])
         self._run = training_steps(config, data=data, inspector=self.inspector)
         next(self._run)                      # builds the model, attaches the hooks, runs step 0
 
@@ -547,7 +552,7 @@ def _spreads(times: dict) -> dict:
     return {v: _spread(_paired(times, v, BASELINE_OF[v])) for v in times if v != "baseline"}
 
 # %% ../nbs/13_overhead.ipynb #c753ea80
-MINITRAIN_VARIANTS = ("baseline", "default", "every_step", "disabled", "budget")
+MINITRAIN_VARIANTS = ("baseline", "default", "every_step", "disabled", "budget", "plain_default", "plain_every_step")
 SCALING_VARIANTS = ("baseline", "default", "every_step")
 
 
@@ -639,7 +644,8 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
 
 # %% ../nbs/13_overhead.ipynb #9d081a09
 OVERHEAD_KEYS = (("overhead", "default"), ("overhead_every_step", "every_step"), ("overhead_disabled", "disabled"),
-                 ("overhead_budget", "budget"), ("torch_hooks_overhead", "torch_hooks"),
+                 ("overhead_budget", "budget"), ("overhead_plain", "plain_default"),
+                 ("overhead_plain_every_step", "plain_every_step"), ("torch_hooks_overhead", "torch_hooks"),
                  ("torch_full_set_overhead", "torch_full"), ("torch_vs_minitrain", "torch"))
 
 
@@ -689,11 +695,11 @@ def _spread_warnings(spread: dict, scaling: dict) -> list[str]:
 
 # %% ../nbs/13_overhead.ipynb #3b132d72
 def kernels_description() -> str:
-    "How the Inspector measures: the class of its array interface (`Inspector().ops`) and what that class promises."
-    ops = type(Inspector().ops)
-    promise = (ops.__doc__ or "").split(": ", 1)[-1].rstrip(".")
-    return (f"{ops.__name__}, {promise}; the update and spectral panels copy the weights before the step and "
-            "compare them after")
+    "How the Inspectors measure: `fast_inspector`'s array interface (compiled or not) and the plain one's."
+    ops = fast_inspector().ops
+    how = "compiled (numba)" if getattr(ops, "compiled", False) else "numba not installed: NumPy, as the plain one"
+    return (f"fast_inspector: {type(ops).__name__}, {how}, and the update norms taken in SGD's or Adam's update loop; "
+            "plain_*: NumpyOps, exact float64 statistics of NumPy arrays, the update panel copying the weights")
 
 # %% ../nbs/13_overhead.ipynb #d2fb72d8
 def blas_description() -> str:
@@ -739,10 +745,12 @@ def _spread_text(spread: dict | None) -> str:
 
 # %% ../nbs/13_overhead.ipynb #5215c813
 ROWS = (("minitrain, no Inspector (baseline)", "baseline"),
-        ("Inspector, default schedules (target <= 5%)", "default"),
-        ("Inspector, every panel every step (target <= 30%)", "every_step"),
+        ("fast_inspector, default schedules (target <= 3%)", "default"),
+        ("fast_inspector, every panel every step (target <= 20%)", "every_step"),
         ("Inspector attached but disabled (target <= 1%)", "disabled"),
-        ("Inspector every step, budget guard at 30%", "budget"),
+        ("fast_inspector every step, budget guard at 30%", "budget"),
+        ("plain Inspector (NumPy alone), default schedules (target <= 7%)", "plain_default"),
+        ("plain Inspector (NumPy alone), every panel every step (target <= 60%)", "plain_every_step"),
         ("PyTorch, the same model (vs minitrain)", "torch"),
         ("PyTorch + fastai-style hooks (vs PyTorch)", "torch_hooks"),
         ("PyTorch computing the Inspector's full set (vs PyTorch)", "torch_full"))
@@ -751,8 +759,9 @@ ROWS = (("minitrain, no Inspector (baseline)", "baseline"),
 def _verdicts(bench: dict) -> list[str]:
     "Each overhead measured against its target ('within' or 'OVER'), and the every-step run against PyTorch's."
     out = []
-    for key, label, target in (("overhead", "default schedules", 0.05), ("overhead_every_step", "every step", 0.30),
-                               ("overhead_disabled", "disabled", 0.01)):
+    for key, label, target in (("overhead", "default schedules", 0.03), ("overhead_every_step", "every step", 0.20),
+                               ("overhead_disabled", "disabled", 0.01), ("overhead_plain", "NumPy alone, default", 0.07),
+                               ("overhead_plain_every_step", "NumPy alone, every step", 0.60)):
         if bench.get(key) is not None:
             out.append(f"{label} {_pct(bench[key])} ({'within' if bench[key] <= target else 'OVER'} {target:.0%})")
     if bench.get("inspector_ahead_of_torch") is not None:

@@ -21,7 +21,8 @@ from minitrain_inspect.twin import TorchMissingError, torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available(), reason="PyTorch is not installed")
 SMALL = TrainConfig(steps=4, hidden=(32, 32), batch_size=16, progress=False, eval_every=4)
-JSON_KEYS = {"overhead", "overhead_every_step", "overhead_disabled", "overhead_budget", "torch_hooks_overhead",
+JSON_KEYS = {"overhead", "overhead_every_step", "overhead_disabled", "overhead_budget", "overhead_plain",
+             "overhead_plain_every_step", "torch_hooks_overhead",
              "torch_full_set_overhead", "torch_baseline_ms", "torch_vs_minitrain", "inspector_ahead_of_torch",
              "floor_fraction", "floor_ratio", "floor_bytes", "floor_ms", "floor_bytes_by_part", "baseline_ms",
              "median_ms", "spread", "scaling", "warnings", "blas_threads", "blas", "torch_threads", "machine", "date",
