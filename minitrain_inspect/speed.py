@@ -127,13 +127,16 @@ class UpdateMeasure:
         self.optimizer = optimizer
         self.pairs: dict = {}    # id(param) -> (‖Δw‖, ‖w before‖), or None after a second update in one step
         self.counts: dict = {}   # id(param) -> updates since the last clear
+        self.armed = True        # False: the optimiser subtracts by itself, and nothing is measured
         self._handles = (optimizer.register_step_pre_hook(self._step_starts),
                          optimizer.register_update_hook(self._measure))
 
     def _step_starts(self, optimizer, args, kwargs) -> None:
         self.clear()
 
-    def _measure(self, optimizer, param, update) -> bool:
+    def _measure(self, optimizer, param, update) -> bool | None:
+        if not self.armed:
+            return None         # not taken: the optimiser's own `data -= update`, the same bits
         change_sq, before_sq = subtract_measuring(param.data, update)
         key = id(param)
         self.counts[key] = count = self.counts.get(key, 0) + 1
@@ -420,6 +423,7 @@ class FastUpdatePanel(UpdatePanel):
         self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
         if not self._fast:
             return super().on_step_begin(params, optimizer)
+        self._measure.armed = True             # this step's writes are measured...
         self._copied = list(params)            # nothing copied: the names to record
 
     def on_step_end(self, params) -> None:
@@ -429,6 +433,7 @@ class FastUpdatePanel(UpdatePanel):
             delta, w_norm = self._measure.pairs.get(id(p)) or (math.nan, math.nan)
             self.record(f"updates/{name}/ratio", delta / w_norm if 0 < w_norm < math.inf else math.nan)
         self._copied = []
+        self._measure.armed = False            # ... and no other: a step the panel is not due at costs nothing
 
     def detach(self) -> None:
         if self._measure is not None:

@@ -469,3 +469,43 @@ def test_building_compiled_ops_compiles_and_importing_speed_does_not():
                 "ops = speed.CompiledOps()\n"
                 "print(ops.compiled == ('numba' in sys.modules))")   # compiled when built, where numba is installed
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def _watched_weights(make, schedules, steps=9):
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.layers import Linear, ReLU
+    from minitrain_inspect.losses import SoftmaxCrossEntropy
+    rng = np.random.default_rng(3)
+    net = Sequential(fc1=Linear(6, 16, rng=0), act=ReLU(), out=Linear(16, 4, rng=1))
+    loss_fn, opt = SoftmaxCrossEntropy(), Adam(net.parameters(), lr=1e-2)
+    with make(net, optimizer=opt, loss_fn=loss_fn, schedules=schedules).attach() as insp:
+        for _ in range(steps):
+            xb, yb = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 4, 8)
+            net.zero_grad(); loss_fn(net(xb), yb); net.backprop(loss_fn.backward()); opt.step()
+    return insp, b"".join(p.data.tobytes() for p in net.parameters())
+
+
+def test_the_fast_update_panel_measures_only_at_the_steps_it_is_due(monkeypatch):
+    from minitrain_inspect.inspect import Inspector
+    calls = []
+    measuring = speed.subtract_measuring
+    monkeypatch.setattr(speed, "subtract_measuring", lambda data, update: calls.append(data.shape) or measuring(data, update))
+    fast, fast_w = _watched_weights(speed.fast_inspector, {"updates": 3})
+    plain, plain_w = _watched_weights(Inspector, {"updates": 3})
+    assert fast_w == plain_w                                   # undue steps: the optimiser's own subtraction, same bits
+    assert len(calls) == 3 * 4                                 # steps 0, 3, 6: four parameters each, nothing else
+    assert fast.history.get("updates/fc1.weight/ratio")[0].tolist() == [0, 3, 6]
+    ratios, plain_ratios = fast.history.get("updates/fc1.weight/ratio")[1], plain.history.get("updates/fc1.weight/ratio")[1]
+    assert np.all(np.abs(ratios - plain_ratios) <= (2 * NORM_ERROR + 2 * squares_bound(96) + 2.0**-51) * plain_ratios)
+
+
+def test_a_disarmed_measure_leaves_the_update_to_the_optimiser():
+    p = Parameter(np.float32([3.0, 4.0])); p.grad[:] = 1.0
+    opt = SGD([p], lr=0.5)
+    with UpdateMeasure(opt) as measure:
+        measure.armed = False
+        opt.step()
+        assert measure.pairs == {} and measure.counts == {} and p.data.tolist() == [2.5, 3.5]
+        measure.armed = True
+        opt.step()
+        assert measure.counts == {id(p): 1} and measure.pairs[id(p)] == (math.sqrt(0.5), math.sqrt(2.5**2 + 3.5**2))
