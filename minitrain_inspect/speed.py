@@ -19,10 +19,10 @@ from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _complete, _fold_plai
                                      _store, merge_moments, tensor_moments, welford_update)
 
 # %% auto #0
-__all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'squares_bound',
-           'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure', 'unit_kernel',
-           'compiled_unit_summary', 'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares',
-           'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
+__all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
+           'LANE_ONE_PASS_ERROR', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring',
+           'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_moments', 'moment_lane_kernels',
+           'compiled_moments', 'compiled_squares', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -244,35 +244,47 @@ MOMENT_LANES = 64                    # float64 partial sums per quantity: value 
 LANE_BLOCK = MOMENT_LANES * 2048     # values per set of lanes; the block sums are added by math.fsum
 LANE_ROUNDINGS = 1 + LANE_BLOCK // MOMENT_LANES + (MOMENT_LANES - 1) + 1   # roundings a term goes through, at most
 LANE_SUM_ERROR = LANE_ROUNDINGS * 2.0**-53 / (1 - LANE_ROUNDINGS * 2.0**-53)  # |sum - exact| <= this * sum(|t|)
+LANE_ONE_PASS_LIMIT = 16.0           # one pass (float32): S2 - S1**2 / n kept while S2 <= 16 M2
+LANE_ONE_PASS_ERROR = LANE_ONE_PASS_LIMIT * (3 * LANE_SUM_ERROR + 4 * 2.0**-53) + 2 * 2.0**-53   # M2's bound then
 
 # %% ../nbs/10a_speed.ipynb #4830e5b7
-def _sums_and_extremes(values, sums):
-    '''Kernel body: `sums[b]`, the float64 sum of block b (`LANE_BLOCK` values) of the 1-D float array `values`, in
-    `MOMENT_LANES` lanes; returns the least and greatest value (NaN skipped: the sums say so).'''
+def _sums_and_extremes(values, sums, squares):
+    '''Kernel body: `sums[b]` and `squares[b]`, the float64 sums of the values and of their squares over block b
+    (`LANE_BLOCK` values) of the 1-D float array `values`, in `MOMENT_LANES` lanes, two rows at a time; returns the least
+    and greatest value (NaN skipped: the sums say so).'''
     n = values.size
-    lane, lo, hi = np.zeros(MOMENT_LANES), np.full(MOMENT_LANES, np.inf), np.full(MOMENT_LANES, -np.inf)
+    lane, lane_sq = np.zeros(MOMENT_LANES), np.zeros(MOMENT_LANES)
+    lo, hi = np.full(MOMENT_LANES, np.inf, values.dtype), np.full(MOMENT_LANES, -np.inf, values.dtype)
     for b in range(sums.size):
         start = b * LANE_BLOCK
-        rows = (min(n, start + LANE_BLOCK) - start) // MOMENT_LANES
+        pairs = (min(n, start + LANE_BLOCK) - start) // (2 * MOMENT_LANES)
         for k in range(MOMENT_LANES):
             lane[k] = 0.0
-        for r in range(rows):
-            row = start + r * MOMENT_LANES
+            lane_sq[k] = 0.0
+        for r in range(pairs):
+            row = start + r * 2 * MOMENT_LANES
             for k in range(MOMENT_LANES):       # a constant trip count: vectorised across the lanes
-                v = np.float64(values[row + k])
-                lane[k] += v
+                v, w = np.float64(values[row + k]), np.float64(values[row + MOMENT_LANES + k])
+                lane[k] += v + w
+                lane_sq[k] += v * v + w * w     # exact squares for float32 values
+            for k in range(MOMENT_LANES):       # the extremes in a loop of their own: it vectorises too
+                v, w = values[row + k], values[row + MOMENT_LANES + k]
                 lo[k] = v if v < lo[k] else lo[k]
                 hi[k] = v if v > hi[k] else hi[k]
-        row = start + rows * MOMENT_LANES
-        for k in range(min(n, start + LANE_BLOCK) - row):   # the tail: fewer than 64 values, into the first lanes
-            v = np.float64(values[row + k])
-            lane[k] += v
-            lo[k] = v if v < lo[k] else lo[k]
-            hi[k] = v if v > hi[k] else hi[k]
-        total = 0.0
+                lo[k] = w if w < lo[k] else lo[k]
+                hi[k] = w if w > hi[k] else hi[k]
+        row = start + pairs * 2 * MOMENT_LANES
+        for i in range(min(n, start + LANE_BLOCK) - row):   # the tail: fewer than 128 values, two at most a lane
+            v = values[row + i]
+            lane[i % MOMENT_LANES] += np.float64(v)
+            lane_sq[i % MOMENT_LANES] += np.float64(v) * np.float64(v)
+            lo[i % MOMENT_LANES] = v if v < lo[i % MOMENT_LANES] else lo[i % MOMENT_LANES]
+            hi[i % MOMENT_LANES] = v if v > hi[i % MOMENT_LANES] else hi[i % MOMENT_LANES]
+        total, square = 0.0, 0.0
         for k in range(MOMENT_LANES):           # the lanes, in order
             total += lane[k]
-        sums[b] = total
+            square += lane_sq[k]
+        sums[b], squares[b] = total, square
     return lo.min(), hi.max()
 
 # %% ../nbs/10a_speed.ipynb #ec79a327
@@ -313,11 +325,11 @@ def _block_total(sums: np.ndarray) -> float:
 # %% ../nbs/10a_speed.ipynb #da2a2d78
 def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
     '''The moments of the 1-D float array `flat` (at least two values) by `kernels = (sums pass, deviation pass)`,
-    within the bounds of `08_stats`; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
+    within the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
     sums_pass, deviation_pass = kernels
     n = flat.size
-    blocks = np.empty((3, -(-n // LANE_BLOCK)))
-    lo, hi = sums_pass(flat, blocks[0])
+    blocks = np.empty((4, -(-n // LANE_BLOCK)))
+    lo, hi = sums_pass(flat, blocks[0], blocks[1])
     total = _block_total(blocks[0])
     if not math.isfinite(total):                       # a NaN or an inf, or a sum beyond float64
         return None
@@ -325,10 +337,15 @@ def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
     if lo == hi:
         return TensorMoments(n, lo, 0.0, lo, hi)
     mean = min(max(total / n, lo), hi)
+    if flat.dtype == np.float32:                       # exact squares: one pass, where it cannot cancel much
+        squares = _block_total(blocks[1])
+        m2 = squares - total * total / n
+        if 0.0 < m2 and squares <= LANE_ONE_PASS_LIMIT * m2:
+            return TensorMoments(n, mean, m2, lo, hi)
     if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
         return None
-    deviation_pass(flat, mean, blocks[1], blocks[2])
-    m2 = _block_total(blocks[1]) - _block_total(blocks[2]) ** 2 / n   # the correction term, always
+    deviation_pass(flat, mean, blocks[2], blocks[3])
+    m2 = _block_total(blocks[2]) - _block_total(blocks[3]) ** 2 / n   # the correction term, always
     return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
 
 # %% ../nbs/10a_speed.ipynb #7ddaca83
@@ -341,7 +358,7 @@ def moment_lane_kernels():
     with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
         arrays, sums = (numba.float32[::1], numba.float64[::1]), numba.float64[::1]
-        return (jit([numba.types.UniTuple(a.dtype, 2)(a, sums) for a in arrays])(_sums_and_extremes),
+        return (jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes),
                 jit([numba.void(a, numba.float64, sums, sums) for a in arrays])(_deviation_sums))
 
 # %% ../nbs/10a_speed.ipynb #cfb2c60b
