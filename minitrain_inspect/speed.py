@@ -435,6 +435,7 @@ class FastUpdatePanel(UpdatePanel):
                 and len(optimizer._step_post_hooks) == 1 and len(optimizer._update_hooks) == 1)
 
     def on_step_begin(self, params, optimizer) -> None:
+        "Arm the measure where the conditions hold (taking it on at the first such step); else copy, the plain way."
         if self._measure is None and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
             self._measure = UpdateMeasure(optimizer)
         self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
@@ -444,6 +445,7 @@ class FastUpdatePanel(UpdatePanel):
         self._copied = list(params)            # nothing copied: the names to record
 
     def on_step_end(self, params) -> None:
+        "Record each parameter's ratio from the measured pair (nan where it has none), and disarm the measure."
         if not self._fast:
             return super().on_step_end(params)
         for name, p in self._copied:
