@@ -436,7 +436,8 @@ class FastUpdatePanel(UpdatePanel):
 
     def on_step_begin(self, params, optimizer) -> None:
         "Arm the measure where the conditions hold (taking it on at the first such step); else copy, the plain way."
-        if self._measure is None and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
+        compiled = getattr(self.ops, "compiled", False)     # without the kernel the twin costs more than copies
+        if self._measure is None and compiled and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
             self._measure = UpdateMeasure(optimizer)
         self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
         if not self._fast:

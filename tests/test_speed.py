@@ -527,3 +527,15 @@ def test_float32_data_near_zero_takes_one_pass_and_offsets_take_two(monkeypatch)
     assert_within_08_bounds(lane_moments(passes, near_zero.astype(np.float64)), near_zero.astype(np.float64))
     assert deviation_passes == [1, 1]                           # float64: always two passes
     assert LANE_ONE_PASS_LIMIT == 16.0 and LANE_ONE_PASS_ERROR < 25 * SUM_ERROR
+
+
+def test_without_compiled_ops_the_fast_update_panel_copies(monkeypatch):
+    from minitrain_inspect.inspect import Inspector
+    monkeypatch.setattr(speed, "optional_numba", lambda: None)       # CompiledOps as without numba
+    calls = []
+    monkeypatch.setattr(speed, "subtract_measuring", lambda data, update: calls.append(1))
+    fast, fast_w = _watched_weights(speed.fast_inspector, {"updates": 1}, steps=3)
+    plain, plain_w = _watched_weights(Inspector, {"updates": 1}, steps=3)
+    assert calls == [] and fast_w == plain_w                          # the plain copies, never the NumPy twin
+    for key in plain.history.keys("updates/"):
+        np.testing.assert_array_equal(fast.history.get(key)[1], plain.history.get(key)[1])
