@@ -486,6 +486,7 @@ def _watched_weights(make, schedules, steps=9):
     return insp, b"".join(p.data.tobytes() for p in net.parameters())
 
 
+@needs_numba
 def test_the_fast_update_panel_measures_only_at_the_steps_it_is_due(monkeypatch):
     from minitrain_inspect.inspect import Inspector
     calls = []
