@@ -15,11 +15,14 @@ from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
 from .optim import SGD, Adam, Optimizer
 from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
                                       unit_summary)
-from .stats import moment_kernels, welford_update
+from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _complete, _fold_plain, _fsum, _moments_of,
+                                     _store, merge_moments, tensor_moments, welford_update)
 
 # %% auto #0
-__all__ = ['SQUARES_LANES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring', 'UpdateMeasure',
-           'unit_kernel', 'compiled_unit_summary', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
+__all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
+           'LANE_ONE_PASS_ERROR', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring',
+           'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_moments', 'moment_lane_kernels',
+           'compiled_moments', 'compiled_squares', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -124,13 +127,16 @@ class UpdateMeasure:
         self.optimizer = optimizer
         self.pairs: dict = {}    # id(param) -> (‖Δw‖, ‖w before‖), or None after a second update in one step
         self.counts: dict = {}   # id(param) -> updates since the last clear
+        self.armed = True        # False: the optimiser subtracts by itself, and nothing is measured
         self._handles = (optimizer.register_step_pre_hook(self._step_starts),
                          optimizer.register_update_hook(self._measure))
 
     def _step_starts(self, optimizer, args, kwargs) -> None:
         self.clear()
 
-    def _measure(self, optimizer, param, update) -> bool:
+    def _measure(self, optimizer, param, update) -> bool | None:
+        if not self.armed:
+            return None         # not taken: the optimiser's own `data -= update`, the same bits
         change_sq, before_sq = subtract_measuring(param.data, update)
         key = id(param)
         self.counts[key] = count = self.counts.get(key, 0) + 1
@@ -233,6 +239,167 @@ def compiled_unit_summary(output, kind: str, bins: int = 40) -> tuple[UnitHealth
     return (UnitHealth(stuck_units / valid_units, stuck / valid),
             Histogram(counts / valid, below / valid, above / valid, output.size - valid))
 
+# %% ../nbs/10a_speed.ipynb #e1998c1b
+MOMENT_LANES = 64                    # float64 partial sums per quantity: value k of each row of 64 goes to lane k
+LANE_BLOCK = MOMENT_LANES * 2048     # values per set of lanes; the block sums are added by math.fsum
+LANE_ROUNDINGS = 1 + LANE_BLOCK // MOMENT_LANES + (MOMENT_LANES - 1) + 1   # roundings a term goes through, at most
+LANE_SUM_ERROR = LANE_ROUNDINGS * 2.0**-53 / (1 - LANE_ROUNDINGS * 2.0**-53)  # |sum - exact| <= this * sum(|t|)
+LANE_ONE_PASS_LIMIT = 16.0           # one pass (float32): S2 - S1**2 / n kept while S2 <= 16 M2
+LANE_ONE_PASS_ERROR = LANE_ONE_PASS_LIMIT * (3 * LANE_SUM_ERROR + 4 * 2.0**-53) + 2 * 2.0**-53   # M2's bound then
+
+# %% ../nbs/10a_speed.ipynb #4830e5b7
+def _sums_and_extremes(values, sums, squares):
+    '''Kernel body: `sums[b]` and `squares[b]`, the float64 sums of the values and of their squares over block b
+    (`LANE_BLOCK` values) of the 1-D float array `values`, in `MOMENT_LANES` lanes, two rows at a time; returns the least
+    and greatest value (NaN skipped: the sums say so).'''
+    n = values.size
+    lane, lane_sq = np.zeros(MOMENT_LANES), np.zeros(MOMENT_LANES)
+    lo, hi = np.full(MOMENT_LANES, np.inf, values.dtype), np.full(MOMENT_LANES, -np.inf, values.dtype)
+    for b in range(sums.size):
+        start = b * LANE_BLOCK
+        pairs = (min(n, start + LANE_BLOCK) - start) // (2 * MOMENT_LANES)
+        for k in range(MOMENT_LANES):
+            lane[k] = 0.0
+            lane_sq[k] = 0.0
+        for r in range(pairs):
+            row = start + r * 2 * MOMENT_LANES
+            for k in range(MOMENT_LANES):       # a constant trip count: vectorised across the lanes
+                v, w = np.float64(values[row + k]), np.float64(values[row + MOMENT_LANES + k])
+                lane[k] += v + w
+                lane_sq[k] += v * v + w * w     # exact squares for float32 values
+            for k in range(MOMENT_LANES):       # the extremes in a loop of their own: it vectorises too
+                v, w = values[row + k], values[row + MOMENT_LANES + k]
+                lo[k] = v if v < lo[k] else lo[k]
+                hi[k] = v if v > hi[k] else hi[k]
+                lo[k] = w if w < lo[k] else lo[k]
+                hi[k] = w if w > hi[k] else hi[k]
+        row = start + pairs * 2 * MOMENT_LANES
+        for i in range(min(n, start + LANE_BLOCK) - row):   # the tail: fewer than 128 values, two at most a lane
+            v = values[row + i]
+            lane[i % MOMENT_LANES] += np.float64(v)
+            lane_sq[i % MOMENT_LANES] += np.float64(v) * np.float64(v)
+            lo[i % MOMENT_LANES] = v if v < lo[i % MOMENT_LANES] else lo[i % MOMENT_LANES]
+            hi[i % MOMENT_LANES] = v if v > hi[i % MOMENT_LANES] else hi[i % MOMENT_LANES]
+        total, square = 0.0, 0.0
+        for k in range(MOMENT_LANES):           # the lanes, in order
+            total += lane[k]
+            square += lane_sq[k]
+        sums[b], squares[b] = total, square
+    return lo.min(), hi.max()
+
+# %% ../nbs/10a_speed.ipynb #ec79a327
+def _deviation_sums(values, mean, squares, deviations):
+    '''Kernel body: `squares[b]` and `deviations[b]`, the float64 sums of (x - mean)**2 and of (x - mean) over block b
+    (`LANE_BLOCK` values) of the 1-D float array `values`, in `MOMENT_LANES` lanes, two rows of lanes at a time.'''
+    n = values.size
+    lane_sq, lane_dev = np.zeros(MOMENT_LANES), np.zeros(MOMENT_LANES)
+    for b in range(squares.size):
+        start = b * LANE_BLOCK
+        pairs = (min(n, start + LANE_BLOCK) - start) // (2 * MOMENT_LANES)
+        for k in range(MOMENT_LANES):
+            lane_sq[k] = 0.0
+            lane_dev[k] = 0.0
+        for r in range(pairs):
+            row = start + r * 2 * MOMENT_LANES
+            for k in range(MOMENT_LANES):       # vectorised across the lanes; each lane adds a pair
+                d = np.float64(values[row + k]) - mean
+                e = np.float64(values[row + MOMENT_LANES + k]) - mean
+                lane_sq[k] += d * d + e * e
+                lane_dev[k] += d + e
+        row = start + pairs * 2 * MOMENT_LANES
+        for i in range(min(n, start + LANE_BLOCK) - row):   # the tail: fewer than 128 values, two at most a lane
+            d = np.float64(values[row + i]) - mean
+            lane_sq[i % MOMENT_LANES] += d * d
+            lane_dev[i % MOMENT_LANES] += d
+        s, t = 0.0, 0.0
+        for k in range(MOMENT_LANES):
+            s += lane_sq[k]
+            t += lane_dev[k]
+        squares[b], deviations[b] = s, t
+
+# %% ../nbs/10a_speed.ipynb #be0aca2a
+def _block_total(sums: np.ndarray) -> float:
+    "The blocks' sums added by `math.fsum` (±inf if they overflow); one block: its sum."
+    return float(sums[0]) if sums.size == 1 else _fsum(sums.tolist())
+
+# %% ../nbs/10a_speed.ipynb #da2a2d78
+def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
+    '''The moments of the 1-D float array `flat` (at least two values) by `kernels = (sums pass, deviation pass)`,
+    within the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
+    sums_pass, deviation_pass = kernels
+    n = flat.size
+    blocks = np.empty((4, -(-n // LANE_BLOCK)))
+    lo, hi = sums_pass(flat, blocks[0], blocks[1])
+    total = _block_total(blocks[0])
+    if not math.isfinite(total):                       # a NaN or an inf, or a sum beyond float64
+        return None
+    lo, hi = float(lo), float(hi)
+    if lo == hi:
+        return TensorMoments(n, lo, 0.0, lo, hi)
+    mean = min(max(total / n, lo), hi)
+    if flat.dtype == np.float32:                       # exact squares: one pass, where it cannot cancel much
+        squares = _block_total(blocks[1])
+        m2 = squares - total * total / n
+        if 0.0 < m2 and squares <= LANE_ONE_PASS_LIMIT * m2:
+            return TensorMoments(n, mean, m2, lo, hi)
+    if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
+        return None
+    deviation_pass(flat, mean, blocks[2], blocks[3])
+    m2 = _block_total(blocks[2]) - _block_total(blocks[3]) ** 2 / n   # the correction term, always
+    return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
+
+# %% ../nbs/10a_speed.ipynb #7ddaca83
+@functools.cache
+def moment_lane_kernels():
+    "`(_sums_and_extremes, _deviation_sums)` compiled by numba (once per process, no fastmath), or None without numba."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
+        jit = functools.partial(numba.njit, cache=False, boundscheck=False)
+        arrays, sums = (numba.float32[::1], numba.float64[::1]), numba.float64[::1]
+        return (jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes),
+                jit([numba.void(a, numba.float64, sums, sums) for a in arrays])(_deviation_sums))
+
+# %% ../nbs/10a_speed.ipynb #cfb2c60b
+def _lane_input(x) -> bool:
+    "An array the compiled passes take as it is: a C-contiguous, writeable float32/float64 NumPy array of 2+ values."
+    return (type(x) is np.ndarray and x.dtype in FLOAT_DTYPES and x.flags.c_contiguous and x.flags.writeable
+            and x.size > 1)
+
+
+def compiled_moments(x) -> TensorMoments:
+    "`tensor_moments(x)` by the compiled passes where they apply (`lane_moments`): within the same bounds, not bit for bit."
+    kernels = moment_lane_kernels() if _lane_input(x) else None
+    summary = lane_moments(kernels, x.reshape(-1)) if kernels is not None else None
+    return tensor_moments(x) if summary is None else summary
+
+# %% ../nbs/10a_speed.ipynb #2020712b
+def compiled_squares(x) -> float | None:
+    '''The float64 sum of the squares of `x` by the compiled pass, within `LANE_SUM_ERROR` (+ one rounding a square for
+    float64) of the exact sum; None where the pass does not apply (no numba, or not a `_lane_input`).'''
+    kernels = moment_lane_kernels() if _lane_input(x) else None
+    if kernels is None:
+        return None
+    blocks = np.empty((2, -(-x.size // LANE_BLOCK)))
+    kernels[1](x.reshape(-1), 0.0, blocks[0], blocks[1])
+    return _block_total(blocks[0])
+
+# %% ../nbs/10a_speed.ipynb #5c432b2e
+def _fold_moments(state: dict, tm: TensorMoments) -> TensorMoments:
+    "Fold the moments `tm` of one tensor into `state` (in place), as `welford_update` does; returns `tm`."
+    _complete(state)
+    if tm.n == 0 and tm.nonfinite == 0:
+        return tm                                  # an empty tensor changes nothing
+    if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
+        _store(state, merge_moments(_moments_of(state), tm))
+    state["tensors"] += 1
+    state["l2"] = l2 = tm.l2
+    if tm.n:
+        state["l2_tensors"] += 1
+        state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]
+    return tm
+
 # %% ../nbs/10a_speed.ipynb #9ee255a0
 class CompiledOps(NumpyOps):
     "The array interface with compiled kernels where they apply (numba); the plain NumPy ways everywhere else."
@@ -240,10 +407,19 @@ class CompiledOps(NumpyOps):
     def __init__(self):
         self.compiled = optional_numba() is not None
         if self.compiled:     # compiled now: never inside a measured step
-            unit_kernel(), subtract_kernel(), moment_kernels()
+            unit_kernel(), subtract_kernel(), moment_lane_kernels()
 
     def moments(self, state: dict, x):
-        return welford_update(state, x, fast=self.compiled)
+        if not self.compiled:
+            return welford_update(state, x)
+        return _fold_moments(state, compiled_moments(x))
+
+    def norm(self, x) -> float:
+        "‖x‖₂ within `NORM_ERROR`, by the compiled sum of squares where it applies and no square can over- or underflow."
+        squares = compiled_squares(x) if self.compiled else None
+        if squares is not None and 2.0 ** -900 <= squares < math.inf:
+            return math.sqrt(squares)
+        return super().norm(x)
 
     def units(self, output, kind: str, bins: int):
         return compiled_unit_summary(output, kind, bins)
@@ -259,20 +435,25 @@ class FastUpdatePanel(UpdatePanel):
                 and len(optimizer._step_post_hooks) == 1 and len(optimizer._update_hooks) == 1)
 
     def on_step_begin(self, params, optimizer) -> None:
-        if self._measure is None and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
+        "Arm the measure where the conditions hold (taking it on at the first such step); else copy, the plain way."
+        compiled = getattr(self.ops, "compiled", False)     # without the kernel the twin costs more than copies
+        if self._measure is None and compiled and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
             self._measure = UpdateMeasure(optimizer)
         self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
         if not self._fast:
             return super().on_step_begin(params, optimizer)
+        self._measure.armed = True             # this step's writes are measured...
         self._copied = list(params)            # nothing copied: the names to record
 
     def on_step_end(self, params) -> None:
+        "Record each parameter's ratio from the measured pair (nan where it has none), and disarm the measure."
         if not self._fast:
             return super().on_step_end(params)
         for name, p in self._copied:
             delta, w_norm = self._measure.pairs.get(id(p)) or (math.nan, math.nan)
             self.record(f"updates/{name}/ratio", delta / w_norm if 0 < w_norm < math.inf else math.nan)
         self._copied = []
+        self._measure.armed = False            # ... and no other: a step the panel is not due at costs nothing
 
     def detach(self) -> None:
         if self._measure is not None:

@@ -288,3 +288,255 @@ def test_two_measures_on_one_optimiser_are_refused_by_the_optimiser():
 def test_update_measure_needs_an_optimizer(bad):
     with pytest.raises(TypeError, match=f"got {type(bad).__name__}"):
         UpdateMeasure(bad)
+
+
+# -- moments and norms in lanes ------------------------------------------------------------------------------------
+
+from minitrain_inspect.inspect import NORM_ERROR, NumpyOps                                   # noqa: E402
+from minitrain_inspect.speed import (LANE_ONE_PASS_ERROR, LANE_ONE_PASS_LIMIT, LANE_SUM_ERROR, CompiledOps, compiled_moments, compiled_squares,  # noqa: E402
+                                     lane_moments, moment_lane_kernels)
+from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, m2_error_bound, new_state,  # noqa: E402
+                                     tensor_moments, welford_update)
+
+BODIES = (speed._sums_and_extremes, speed._deviation_sums)     # the kernels' bodies, uncompiled
+
+
+def exact_summary(x):
+    "Exact mean and M2 (rationals) of the values of `x`, and kappa = 1 + mean**2 / var."
+    values = [Fraction(float(v)) for v in np.ravel(x)]
+    mean = sum(values) / len(values)
+    m2 = sum((v - mean) ** 2 for v in values)
+    return mean, m2, (1 + float(mean * mean * (len(values) - 1) / m2) if m2 else 1.0)
+
+
+def assert_within_08_bounds(tm, x):
+    flat = np.ravel(x).astype(np.float64)
+    mean, m2, kappa = exact_summary(x)
+    assert (tm.n, tm.min, tm.max, tm.nonfinite, tm.nan, tm.m2_exp) == (flat.size, flat.min(), flat.max(), 0, 0, 0)
+    assert abs(Fraction(tm.mean) - mean) <= MEAN_ERROR * float(np.mean(np.abs(flat))), (tm.mean, float(mean))
+    one_pass = LANE_ONE_PASS_ERROR if np.asarray(x).dtype == np.float32 else 0.0    # float32 may take one pass
+    assert abs(Fraction(tm.m2) - m2) <= max(m2_error_bound(kappa), one_pass) * m2, (tm.m2, float(m2), kappa)
+
+
+def moment_data(seed, n, dtype, offset, scale, repeats):
+    rng = np.random.default_rng(seed)
+    x = offset + scale * rng.standard_normal(n)
+    if repeats:                                   # runs of equal values, and values that cancel
+        x[: n // 2] = x[0]
+        x[n // 2:] -= 2 * offset if rng.random() < 0.5 else 0.0
+    return x.astype(dtype)
+
+
+MOMENT_CASES = dict(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 700), dtype=DTYPES,
+                    offset=st.sampled_from([0.0, 1.0, 1e4, -3e4, 1e8]), scale=st.sampled_from([1e-6, 1e-2, 1.0, 1e3]),
+                    repeats=st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(**MOMENT_CASES, block=st.sampled_from([128, 192, 1024]))
+def test_the_lane_route_by_its_python_bodies_is_within_the_bounds_of_08_stats(seed, n, dtype, offset, scale, repeats,
+                                                                               block):
+    x = moment_data(seed, n, dtype, offset, scale, repeats)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speed, "LANE_BLOCK", block)       # small blocks: several blocks, partial rows and tails
+        tm = lane_moments(BODIES, x)
+    if tm is None:                                      # float32 data that rounded to one value is never left out
+        assert False, x
+    if x.min() == x.max():
+        assert tm == TensorMoments(n, float(x[0]), 0.0, float(x[0]), float(x[0]))
+    else:
+        assert_within_08_bounds(tm, x)
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None)
+@given(**MOMENT_CASES)
+def test_the_compiled_passes_are_their_python_bodies_bit_for_bit(seed, n, dtype, offset, scale, repeats):
+    x = moment_data(seed, n, dtype, offset, scale, repeats)
+    kernels = moment_lane_kernels()
+    assert lane_moments(kernels, x) == lane_moments(BODIES, x)
+    blocks = np.empty((4, 1))
+    kernels[1](x, 0.0, blocks[0], blocks[1])
+    BODIES[1](x, 0.0, blocks[2], blocks[3])
+    assert blocks[:2].tobytes() == blocks[2:].tobytes()
+
+
+@needs_numba
+def test_the_compiled_passes_over_several_blocks_are_within_the_bounds():
+    rng = np.random.default_rng(4)
+    for x in ((5 + rng.standard_normal(speed.LANE_BLOCK * 2 + 77)).astype(np.float32), 1e8 + rng.standard_normal(300_001)):
+        tm = compiled_moments(x)
+        exact_sum = math.fsum(x.astype(np.float64))
+        assert abs(tm.mean * x.size - exact_sum) <= MEAN_ERROR * float(np.sum(np.abs(x.astype(np.float64))))
+        dev = x.astype(np.float64) - exact_sum / x.size        # M2 to well within its bound: float64, corrected
+        m2 = math.fsum(dev * dev) - math.fsum(dev) ** 2 / x.size
+        assert abs(tm.m2 - m2) <= (m2_error_bound(1 + (exact_sum / x.size) ** 2 / (m2 / x.size)) + 1e-12) * m2
+        assert (tm.min, tm.max) == (float(x.min()), float(x.max()))
+
+
+LEFT_ALONE = {"nan and inf": np.float32([1, np.nan, np.inf, -np.inf, 2]), "only nan": np.float32([np.nan, np.nan]),
+              "empty": np.zeros((0, 3), np.float32), "one value": np.float32([4.0]), "overflowing sum": np.full(10, 1e308),
+              "huge spread": np.float64([1e200, -1e200, 3]), "tiny spread": np.float64([1e-200, 2e-200]),
+              "strided": np.ones((4, 6))[:, ::2], "float16": np.ones(4, np.float16), "integers": np.arange(5),
+              "a list": [1.0, 2.0, 3.0]}
+
+
+@pytest.mark.parametrize("what", list(LEFT_ALONE))
+def test_what_the_lanes_cannot_guarantee_is_tensor_moments_itself(what):
+    x = LEFT_ALONE[what]
+    assert compiled_moments(x) == tensor_moments(x)
+    if what in ("nan and inf", "only nan", "overflowing sum", "huge spread", "tiny spread"):
+        with np.errstate(all="ignore"):
+            assert lane_moments(BODIES, x) is None
+
+
+def test_the_fold_is_welford_updates_bit_for_bit():
+    rng = np.random.default_rng(8)
+    stream = [rng.standard_normal((8, 9)).astype(np.float32), *LEFT_ALONE.values(), 5e300 * rng.standard_normal(20),
+              1e8 + rng.standard_normal(50), np.zeros(0)]
+    ours, theirs = new_state(), new_state()
+    for x in stream:
+        speed._fold_moments(ours, tensor_moments(x))
+        welford_update(theirs, x)
+        assert ours == theirs or all(ours[k] == theirs[k] or (ours[k] != ours[k] and theirs[k] != theirs[k]) for k in ours)
+
+
+def test_compiled_ops_without_numba_are_numpy_ops_exactly(monkeypatch):
+    monkeypatch.setattr(speed, "optional_numba", lambda: None)
+    monkeypatch.setattr(speed, "moment_lane_kernels", lambda: None)
+    ops, plain = CompiledOps(), NumpyOps()
+    assert not ops.compiled
+    rng = np.random.default_rng(2)
+    a, b = new_state(), new_state()
+    for x in (rng.standard_normal((16, 20)).astype(np.float32), np.float32([1, np.nan]), 1e-3 * rng.standard_normal(99)):
+        assert ops.moments(a, x) == plain.moments(b, x) and a == b
+        assert ops.norm(x) == plain.norm(x) or math.isnan(plain.norm(x))
+    assert compiled_squares(np.ones(3, np.float32)) is None
+
+
+@needs_numba
+def test_compiled_ops_moments_and_norms_are_within_the_bounds_of_the_plain_ones():
+    ops, plain = CompiledOps(), NumpyOps()
+    rng = np.random.default_rng(3)
+    a, b = new_state(), new_state()
+    xs = [rng.standard_normal((64, 40)).astype(np.float32), (1e4 + 1e-2 * rng.standard_normal(999)).astype(np.float32),
+          np.maximum(rng.standard_normal(500), 0).astype(np.float32), np.float32([1, np.nan, 3]), np.zeros((0, 2), np.float32)]
+    for x in xs:
+        got, want = ops.moments(a, x), plain.moments(b, x)
+        if want.n > 1 and not want.nonfinite:
+            assert_within_08_bounds(got, x)
+        else:
+            assert got == want or (got.n == want.n == 0 and got.nonfinite == want.nonfinite)
+    assert (a["n"], a["min"], a["max"], a["tensors"], a["nonfinite"], a["nan"]) == (
+        b["n"], b["min"], b["max"], b["tensors"], b["nonfinite"], b["nan"])
+    assert abs(a["mean"] - b["mean"]) <= 4 * MEAN_ERROR * 1e4 and abs(a["m2"] - b["m2"]) <= 1e-9 * b["m2"]
+    for x in (*xs[:3], 1e-3 * rng.standard_normal(999), np.float64([1e-170, 1e-171]), np.float64([1e200, 1e200]),
+              np.float32([np.inf, 1]), np.ones((6, 6), np.float32)[:, ::3], np.zeros(7, np.float32)):
+        got, want = ops.norm(x), plain.norm(x)
+        assert got == want or abs(got - want) <= 2 * NORM_ERROR * want or (math.isnan(got) and math.isnan(want)), x
+
+
+@needs_numba
+def test_the_lane_norm_is_within_norm_error_of_the_exact_norm():
+    rng = np.random.default_rng(6)
+    for x in (rng.standard_normal(5000).astype(np.float32), 1e5 * rng.standard_normal(3000), np.float32([3.0, 4.0])):
+        exact = sum(Fraction(float(v)) ** 2 for v in x)
+        got = CompiledOps().norm(x)
+        assert abs(Fraction(got * got) - exact) <= 2.1 * NORM_ERROR * exact
+        assert abs(Fraction(compiled_squares(x)) - exact) <= (LANE_SUM_ERROR + 2.0**-52) * exact
+    assert LANE_SUM_ERROR < SUM_ERROR
+
+
+def test_everything_about_the_lanes_works_without_numba():
+    r = _python("import sys, math, numpy as np\n"
+                "sys.modules['numba'] = None\n"
+                "from minitrain_inspect import speed\n"
+                "from minitrain_inspect.stats import new_state, tensor_moments\n"
+                "ops = speed.CompiledOps(); s = new_state()\n"
+                "x = np.arange(10, dtype=np.float32)\n"
+                "assert ops.moments(s, x) == tensor_moments(x) and s['n'] == 10\n"
+                "assert ops.norm(np.float32([3, 4])) == 5.0 and speed.compiled_squares(x) is None\n"
+                "assert speed.moment_lane_kernels() is None and speed.compiled_moments(x) == tensor_moments(x)\n"
+                "print('ok')")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_building_compiled_ops_compiles_and_importing_speed_does_not():
+    r = _python("import sys, numpy as np\n"
+                "from minitrain_inspect import speed\n"
+                "assert 'numba' not in sys.modules\n"
+                "speed.compiled_moments(np.ones(3, np.float16)); speed.compiled_squares(np.ones(3)[::2])\n"
+                "assert 'numba' not in sys.modules, 'numba imported for input the passes do not take'\n"
+                "ops = speed.CompiledOps()\n"
+                "print(ops.compiled == ('numba' in sys.modules))")   # compiled when built, where numba is installed
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def _watched_weights(make, schedules, steps=9):
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.layers import Linear, ReLU
+    from minitrain_inspect.losses import SoftmaxCrossEntropy
+    rng = np.random.default_rng(3)
+    net = Sequential(fc1=Linear(6, 16, rng=0), act=ReLU(), out=Linear(16, 4, rng=1))
+    loss_fn, opt = SoftmaxCrossEntropy(), Adam(net.parameters(), lr=1e-2)
+    with make(net, optimizer=opt, loss_fn=loss_fn, schedules=schedules).attach() as insp:
+        for _ in range(steps):
+            xb, yb = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 4, 8)
+            net.zero_grad(); loss_fn(net(xb), yb); net.backprop(loss_fn.backward()); opt.step()
+    return insp, b"".join(p.data.tobytes() for p in net.parameters())
+
+
+@needs_numba
+def test_the_fast_update_panel_measures_only_at_the_steps_it_is_due(monkeypatch):
+    from minitrain_inspect.inspect import Inspector
+    calls = []
+    measuring = speed.subtract_measuring
+    monkeypatch.setattr(speed, "subtract_measuring", lambda data, update: calls.append(data.shape) or measuring(data, update))
+    fast, fast_w = _watched_weights(speed.fast_inspector, {"updates": 3})
+    plain, plain_w = _watched_weights(Inspector, {"updates": 3})
+    assert fast_w == plain_w                                   # undue steps: the optimiser's own subtraction, same bits
+    assert len(calls) == 3 * 4                                 # steps 0, 3, 6: four parameters each, nothing else
+    assert fast.history.get("updates/fc1.weight/ratio")[0].tolist() == [0, 3, 6]
+    ratios, plain_ratios = fast.history.get("updates/fc1.weight/ratio")[1], plain.history.get("updates/fc1.weight/ratio")[1]
+    assert np.all(np.abs(ratios - plain_ratios) <= (2 * NORM_ERROR + 2 * squares_bound(96) + 2.0**-51) * plain_ratios)
+
+
+def test_a_disarmed_measure_leaves_the_update_to_the_optimiser():
+    p = Parameter(np.float32([3.0, 4.0])); p.grad[:] = 1.0
+    opt = SGD([p], lr=0.5)
+    with UpdateMeasure(opt) as measure:
+        measure.armed = False
+        opt.step()
+        assert measure.pairs == {} and measure.counts == {} and p.data.tolist() == [2.5, 3.5]
+        measure.armed = True
+        opt.step()
+        assert measure.counts == {id(p): 1} and measure.pairs[id(p)] == (math.sqrt(0.5), math.sqrt(2.5**2 + 3.5**2))
+
+
+def test_float32_data_near_zero_takes_one_pass_and_offsets_take_two(monkeypatch):
+    rng = np.random.default_rng(12)
+    deviation_passes = []
+    passes = (BODIES[0], lambda *args: deviation_passes.append(1) or BODIES[1](*args))
+    near_zero = rng.standard_normal(3000).astype(np.float32)
+    offset = (1e4 + 1e-2 * rng.standard_normal(3000)).astype(np.float32)
+    tm = lane_moments(passes, near_zero)
+    assert deviation_passes == [] and tm.m2 > 0
+    mean, m2, _ = exact_summary(near_zero)
+    assert abs(Fraction(tm.m2) - m2) <= LANE_ONE_PASS_ERROR * m2
+    assert_within_08_bounds(lane_moments(passes, offset), offset)
+    assert deviation_passes == [1]                              # S2 > 16 M2: the deviations' pass
+    assert_within_08_bounds(lane_moments(passes, near_zero.astype(np.float64)), near_zero.astype(np.float64))
+    assert deviation_passes == [1, 1]                           # float64: always two passes
+    assert LANE_ONE_PASS_LIMIT == 16.0 and LANE_ONE_PASS_ERROR < 25 * SUM_ERROR
+
+
+def test_without_compiled_ops_the_fast_update_panel_copies(monkeypatch):
+    from minitrain_inspect.inspect import Inspector
+    monkeypatch.setattr(speed, "optional_numba", lambda: None)       # CompiledOps as without numba
+    calls = []
+    monkeypatch.setattr(speed, "subtract_measuring", lambda data, update: calls.append(1))
+    fast, fast_w = _watched_weights(speed.fast_inspector, {"updates": 1}, steps=3)
+    plain, plain_w = _watched_weights(Inspector, {"updates": 1}, steps=3)
+    assert calls == [] and fast_w == plain_w                          # the plain copies, never the NumPy twin
+    for key in plain.history.keys("updates/"):
+        np.testing.assert_array_equal(fast.history.get(key)[1], plain.history.get(key)[1])
