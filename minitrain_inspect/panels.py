@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
-                                    to_jsonable)
+                                    sum_of_squares, to_jsonable)
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
@@ -395,7 +395,7 @@ class SpectralNorm:
         steps = 1
         if self._x is None or self._x.shape[0] != W.shape[0 if self._left else 1]:
             v = np.random.default_rng(self.seed).standard_normal(W.shape[1]).astype(W.dtype)
-            self._x, self._left, steps = v / np.linalg.norm(v), False, 2 * self.warmup
+            self._x, self._left, steps = v / v.dtype.type(math.sqrt(sum_of_squares(v))), False, 2 * self.warmup
         with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below, and handled
             sigma, x = power_iteration(W, self._x, self._left, steps)
         if not math.isfinite(sigma) and all_finite(W):
@@ -415,8 +415,8 @@ def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tup
     ### BEGIN SOLUTION
     sigma = 0.0
     for _ in range(steps):
-        y = W.T @ x if left else W @ x
-        sigma = math.sqrt(float(np.dot(y, y)))
+        y = np.einsum("ji,j->i" if left else "ij,j->i", W, x, optimize=False)   # never BLAS
+        sigma = math.sqrt(sum_of_squares(y))
         if sigma == 0.0 or not math.isfinite(sigma):
             return (sigma, None) if math.isfinite(sigma) else (math.nan, None)
         x, left = y / sigma, not left
