@@ -778,3 +778,57 @@ def test_a_second_optimizer_is_refused_not_double_counted():
     inspector = Inspector(m, optimizer=opt1).attach()
     with pytest.raises(ValueError, match="already watches an optimizer"):
         inspector.register_optimizer(opt2)
+
+
+# -- a panel of the user's own, end to end (issue 19 §4) ----------------------------------------------------------------
+
+class GradientToWeight(Panel):
+    "A user's panel: ‖∂L/∂w‖ / ‖w‖ of every parameter, from the gradient read before the step and the weights."
+
+    name, title, ylabel, log = "grad_to_weight", "Gradient-to-weight ratio", "‖g‖ / ‖w‖", True
+
+    def reset(self):
+        super().reset()
+        self._grads = {}
+
+    def on_grad(self, name, param, grad):
+        self._grads[name] = self.ops.norm(grad)
+
+    def on_step_end(self, params):
+        for name, p in params:
+            if name in self._grads:
+                self.record(f"grad_to_weight/{name}/ratio", self._grads.pop(name) / self.ops.norm(p.data))
+
+
+def test_a_users_panel_records_is_thinned_saved_and_drawn(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from minitrain_inspect.dashboard import render_dashboard
+    from minitrain_inspect.panels import History
+    config = TrainConfig(steps=40, progress=False, eval_every=40)
+    mine = GradientToWeight(4)
+    result = train(config, inspector=Inspector(schedules={"gradients": 4}, panels=[mine]))
+    history = result.inspector.history
+    steps, ratios = history.get("grad_to_weight/mlp.hidden1.weight/ratio")
+    assert steps.tolist() == list(range(0, 40, 4)) and np.all(ratios > 0), (steps, ratios)
+    assert result.inspector.cost["grad_to_weight"] > 0                 # timed like the built-in panels
+    assert train(config).params_sha256 == result.params_sha256         # watching changed nothing
+    again = History.load_jsonl(history.save_jsonl(tmp_path / "h.jsonl"))
+    fig = render_dashboard(again)
+    FigureCanvasAgg(fig).draw()
+    axes = [ax for ax in fig.axes if ax.get_title(loc="left") == "Gradient-to-weight ratio"]
+    assert len(axes) == 1 and axes[0].get_yscale() == "log"
+    drawn = {line.get_gid() for line in axes[0].lines}
+    assert "grad_to_weight/mlp.hidden1.weight/ratio" in drawn, drawn
+
+
+def test_a_users_panel_is_thinned_by_the_guard_like_the_others():
+    clock = FakeClock()
+    mine = GradientToWeight(1)
+    guard = BudgetGuard(0.05, window=5, clock=clock, max_stride=64)
+    panels = {"grad_to_weight": mine}
+    for step in range(40):
+        if mine.open(step):
+            clock.advance(5e-3); mine.cost += 5e-3          # half of a 10 ms step: far over a 5% budget
+        clock.advance(0.01)
+        guard.end_step(step, panels)
+    assert mine.stride > 1 and guard.throttled[0]["panel"] == "grad_to_weight", guard.throttled
