@@ -136,11 +136,14 @@ class Records(Measures):
 
     def flush(self, history: History) -> None:
         "Write the points and notes kept since the last flush into `history`."
-        for key, step, value in self.pending:
-            history.record(key, step, value)
-        notes = history.meta.setdefault("notes", [])
-        notes.extend(n for n in dict.fromkeys(self.pending_notes) if n not in notes)
-        self.pending, self.pending_notes = [], []
+        if self.pending:
+            for key, step, value in self.pending:
+                history.record(key, step, value)
+            self.pending = []
+        if self.pending_notes:   # most flushes keep no note: the history's notes are then left alone
+            notes = history.meta.setdefault("notes", [])
+            notes.extend(n for n in dict.fromkeys(self.pending_notes) if n not in notes)
+            self.pending_notes = []
 
 # %% ../nbs/10_inspect.ipynb #fb8e9d8e
 class Panel(Records):
@@ -541,7 +544,10 @@ class InspectorSteps:
         self.step = step
         for panel in self.panels:
             panel.open(step)
-        self._set_due()
+        opened = [panel.active for panel in self.panels]
+        if opened != self._opened:   # the lists of due panels change only when some panel's answer changes
+            self._opened = opened
+            self._set_due()
 
     def _set_due(self) -> None:
         "For each event, the panels that answer it and are due at this step (none while disabled)."
@@ -667,7 +673,7 @@ class InspectorReset:
         self.guard = None if budget is None else BudgetGuard(budget, window, self.clock, self.max_stride)
         if self.guard is not None:
             self.guard.throttled, self.guard.notes = self.history.meta["throttled"], self.history.meta["notes"]
-        self._labels = self._labelled_step = None
+        self._labels = self._labelled_step = self._opened = None
         self._open(0)
 
 # %% ../nbs/10_inspect.ipynb #b3dfdbdc
