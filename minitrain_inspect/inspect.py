@@ -330,7 +330,7 @@ class PerClassPanel(Panel):
             count = int(np.count_nonzero(mask))
             if count:       # NaN and inf are summed as they are: a diverging loss shows, it does not raise
                 total, seen = self._sums.get(cls, (0.0, 0))
-                self._sums[cls] = (total + float(values[mask].sum()), seen + count)
+                self._sums[cls] = (total + float(np.add.reduce(values[mask])), seen + count)   # = .sum(), less wrapping
 
     def flush(self, history: History) -> None:
         if self._sums_step == self.step:
