@@ -68,15 +68,30 @@ class NumpyNorms:
         return math.sqrt(squares)
 
     def copy(self, x, buffer=None) -> np.ndarray:
-        "A copy of `x`, into `buffer` when it fits (allocated once, reused every step)."
-        if buffer is None or buffer.shape != np.shape(x) or buffer.dtype != np.asarray(x).dtype:
-            buffer = np.empty_like(x)
+        "A copy of `x` in float64 (exact for any float up to 64 bits), into `buffer` when it fits (allocated once, reused)."
+        x = np.asarray(x)
+        dtype = np.promote_types(x.dtype, np.float64)
+        if buffer is None or buffer.shape != x.shape or buffer.dtype != dtype:
+            buffer = np.empty(x.shape, dtype)
         np.copyto(buffer, x)
         return buffer
 
     def change_norm(self, after, before: np.ndarray) -> float:
         "‖after - before‖₂, the change taken in float64 from the stored values (exact for float32 weights)."
-        return self.norm(np.subtract(after, before, dtype=np.float64))
+        after, before = np.asarray(after), np.asarray(before)
+        if before.dtype != np.float64 or after.shape != before.shape:
+            return self.norm(np.subtract(after, before, dtype=np.float64))
+        change = self._scratch(before.size).reshape(before.shape)   # the same bits, without a mixed-dtype subtraction
+        np.copyto(change, after)
+        np.subtract(change, before, out=change)
+        return self.norm(change)
+
+    def _scratch(self, size: int) -> np.ndarray:
+        "A float64 work array of `size` values, allocated once (as large as the largest asked for) and reused."
+        buffer = getattr(self, "_buffer", None)
+        if buffer is None or buffer.size < size:
+            buffer = self._buffer = np.empty(size)
+        return buffer[:size]
 
 # %% ../nbs/10_inspect.ipynb #5b248463
 class NumpyOps(NumpyNorms):
@@ -350,8 +365,8 @@ class UpdatePanel(Panel):
 
     def on_step_begin(self, params, optimizer) -> None:
         for name, p in params:
-            self._norms[name] = self.ops.norm(p.data)
-            self._before[name] = self.ops.copy(p.data, self._before.get(name))
+            before = self._before[name] = self.ops.copy(p.data, self._before.get(name))
+            self._norms[name] = self.ops.norm(before)    # the same values: float64 squares cost less than float32's
         self._copied = list(params)
 
     def on_step_end(self, params) -> None:
