@@ -221,7 +221,7 @@ def _nav_label(page: Page) -> str:
     if page.stem == "index":
         return "Introduction"
     number = page.stem.split("_", 1)[0]
-    return f"{number} {page.title}" if number.isdigit() else page.title
+    return f"{number} {page.title}" if number[:1].isdigit() else page.title   # 10a: a chapter between 10 and 11
 
 # %% ../nbs/17_docsite.ipynb #652e908d
 def package_name(nbs_path) -> str | None:
