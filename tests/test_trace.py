@@ -1,14 +1,12 @@
 "The trace of a training step: tracing only reads, files round-trip and are validated, compare_traces localises planted bugs."
 import argparse
 import os
-import subprocess
-import sys
-from pathlib import Path
 import json
 import math
 
 import numpy as np
 import pytest
+from blas_spy import threads_seen_inside
 from threadpoolctl import threadpool_limits
 
 from minitrain_inspect.core import Module, Sequential
@@ -219,33 +217,6 @@ def test_minitrain_step_is_the_training_loops_step():
     assert params_sha256(model) == train(config, data=data).params_sha256
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# Issue 19: the threads a path runs under are seen from inside it, in a fresh process whose environment asks for 4.
-SPY_PRELUDE = """
-import json, numpy, threadpoolctl
-from minitrain_inspect.losses import SoftmaxCrossEntropy
-def blas():
-    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
-class SpyLoss(SoftmaxCrossEntropy):
-    "The loss, noting the BLAS threads in force each time it runs: that is inside the path that calls it."
-    seen = []
-    def forward(self, *args, **kwargs):
-        SpyLoss.seen.append(blas())
-        return super().forward(*args, **kwargs)
-outside = blas()
-"""
-
-
-def threads_seen_inside(body: str) -> tuple[list, list]:
-    "Run `body` after SPY_PRELUDE under OPENBLAS_NUM_THREADS=4; (the threads outside, those SpyLoss saw inside)."
-    code = SPY_PRELUDE + body + "\nprint(json.dumps([outside, SpyLoss.seen]))"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "4"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    outside, inside = json.loads(out.stdout.strip().splitlines()[-1])
-    if outside == [1]:
-        pytest.skip("this machine gives OpenBLAS one thread whatever the environment asks: nothing to pin")
-    return outside, inside
 
 
 def test_the_traces_steps_run_on_one_blas_thread_whatever_the_environment_says():

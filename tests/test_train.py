@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from blas_spy import threads_seen_inside
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import minitrain_inspect.train as train_module
@@ -241,31 +242,6 @@ def test_same_hash_whatever_the_environment_thread_setting():
     assert _sha_under(1) == _sha_under(2)
 
 
-# Issue 19: the threads a path runs under are seen from inside it, in a fresh process whose environment asks for 4.
-SPY_PRELUDE = """
-import json, numpy, threadpoolctl
-from minitrain_inspect.losses import SoftmaxCrossEntropy
-def blas():
-    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
-class SpyLoss(SoftmaxCrossEntropy):
-    "The loss, noting the BLAS threads in force each time it runs: that is inside the path that calls it."
-    seen = []
-    def forward(self, *args, **kwargs):
-        SpyLoss.seen.append(blas())
-        return super().forward(*args, **kwargs)
-outside = blas()
-"""
-
-
-def threads_seen_inside(body: str) -> tuple[list, list]:
-    "Run `body` after SPY_PRELUDE under OPENBLAS_NUM_THREADS=4; (the threads outside, those SpyLoss saw inside)."
-    code = SPY_PRELUDE + body + "\nprint(json.dumps([outside, SpyLoss.seen]))"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "4"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    outside, inside = json.loads(out.stdout.strip().splitlines()[-1])
-    if outside == [1]:
-        pytest.skip("this machine gives OpenBLAS one thread whatever the environment asks: nothing to pin")
-    return outside, inside
 
 
 def test_train_runs_on_one_blas_thread_whatever_the_environment_says():
