@@ -15,8 +15,8 @@ from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
 from .optim import SGD, Adam, Optimizer
 from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
                                       unit_summary)
-from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _complete, _fold_plain, _fsum, _moments_of,
-                                     _store, merge_moments, tensor_moments, welford_update)
+from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, tensor_moments,
+                                     welford_update)
 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
@@ -385,21 +385,6 @@ def compiled_squares(x) -> float | None:
     kernels[1](x.reshape(-1), 0.0, blocks[0], blocks[1])
     return _block_total(blocks[0])
 
-# %% ../nbs/10a_speed.ipynb #5c432b2e
-def _fold_moments(state: dict, tm: TensorMoments) -> TensorMoments:
-    "Fold the moments `tm` of one tensor into `state` (in place), as `welford_update` does; returns `tm`."
-    _complete(state)
-    if tm.n == 0 and tm.nonfinite == 0:
-        return tm                                  # an empty tensor changes nothing
-    if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
-        _store(state, merge_moments(_moments_of(state), tm))
-    state["tensors"] += 1
-    state["l2"] = l2 = tm.l2
-    if tm.n:
-        state["l2_tensors"] += 1
-        state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]
-    return tm
-
 # %% ../nbs/10a_speed.ipynb #9ee255a0
 class CompiledOps(NumpyOps):
     "The array interface with compiled kernels where they apply (numba); the plain NumPy ways everywhere else."
@@ -412,7 +397,7 @@ class CompiledOps(NumpyOps):
     def moments(self, state: dict, x):
         if not self.compiled:
             return welford_update(state, x)
-        return _fold_moments(state, compiled_moments(x))
+        return fold_moments(state, compiled_moments(x))
 
     def norm(self, x) -> float:
         "‖x‖₂ within `NORM_ERROR`, by the compiled sum of squares where it applies and no square can over- or underflow."

@@ -25,8 +25,8 @@ from .core import kernel_input, optional_numba, sigint_deferred
 # %% auto #0
 __all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan',
            'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments',
-           'merge_moments', 'new_state', 'welford_update', 'merge', 'to_jsonable', 'summarize', 'check_output_path',
-           'atomic_output', 'atomic_write_text', 'replace_folder']
+           'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge', 'to_jsonable', 'summarize',
+           'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -470,12 +470,10 @@ def _fold_plain(state: dict, b_n: int, b_mean: float, b_m2: float, b_min: float,
         state["max"] = b_max
     return True
 
-# %% ../nbs/08_stats.ipynb #494399d0
-def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
-    """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
-    `fast=True` measures `x` by the compiled kernels where they apply (`one_pass_moments`): the same bounds."""
+# %% ../nbs/08_stats.ipynb #6aa9fb1f
+def fold_moments(state: dict, tm: TensorMoments) -> TensorMoments:
+    "Fold the moments `tm` of one tensor into `state` (in place; missing keys are initialised); returns `tm`."
     _complete(state)
-    tm = one_pass_moments(x) if fast else tensor_moments(x, scratch)
     if tm.n == 0 and tm.nonfinite == 0:
         return tm  # an empty tensor changes nothing
     if tm.nonfinite or tm.m2_exp or not _fold_plain(state, tm.n, tm.mean, tm.m2, tm.min, tm.max):
@@ -486,6 +484,12 @@ def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: b
         state["l2_tensors"] += 1
         state["l2_mean"] += (l2 - state["l2_mean"]) / state["l2_tensors"]  # each term <= FLOAT64_MAX: no overflow
     return tm
+
+# %% ../nbs/08_stats.ipynb #494399d0
+def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
+    """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
+    `fast=True` measures `x` by the compiled kernels where they apply (`one_pass_moments`): the same bounds."""
+    return fold_moments(state, one_pass_moments(x) if fast else tensor_moments(x, scratch))
 
 # %% ../nbs/08_stats.ipynb #d62d80a4
 def merge(a: dict, b: dict) -> dict:

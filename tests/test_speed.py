@@ -295,7 +295,7 @@ def test_update_measure_needs_an_optimizer(bad):
 from minitrain_inspect.inspect import NORM_ERROR, NumpyOps                                   # noqa: E402
 from minitrain_inspect.speed import (LANE_ONE_PASS_ERROR, LANE_ONE_PASS_LIMIT, LANE_SUM_ERROR, CompiledOps, compiled_moments, compiled_squares,  # noqa: E402
                                      lane_moments, moment_lane_kernels)
-from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, m2_error_bound, new_state,  # noqa: E402
+from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, fold_moments, m2_error_bound, new_state,  # noqa: E402
                                      tensor_moments, welford_update)
 
 BODIES = (speed._sums_and_extremes, speed._deviation_sums)     # the kernels' bodies, uncompiled
@@ -396,7 +396,7 @@ def test_the_fold_is_welford_updates_bit_for_bit():
               1e8 + rng.standard_normal(50), np.zeros(0)]
     ours, theirs = new_state(), new_state()
     for x in stream:
-        speed._fold_moments(ours, tensor_moments(x))
+        fold_moments(ours, tensor_moments(x))
         welford_update(theirs, x)
         assert ours == theirs or all(ours[k] == theirs[k] or (ours[k] != ours[k] and theirs[k] != theirs[k]) for k in ours)
 
