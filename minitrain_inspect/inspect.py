@@ -982,6 +982,8 @@ def _builtin_panels(stats: dict, bins: int, per_class_by: str) -> list[Panel]:
 # %% ../nbs/10_inspect.ipynb #425054bb
 def _all_panels(builtin: list[Panel], extra, schedules: dict | None, ops, clock) -> list[Panel]:
     "The built-in panels then the user's, names unique, schedules applied, each measuring through `ops`."
+    if isinstance(extra, Panel) or not isinstance(extra, (list, tuple)):
+        raise TypeError(f"panels must be a list of Panel objects, got {type(extra).__name__}")
     extra = list(extra)
     for panel in extra:
         if not isinstance(panel, Panel):
