@@ -17,8 +17,8 @@ from .core import DEFAULT_DTYPE, as_float_dtype
 # %% auto #0
 __all__ = ['VOWELS', 'PAD', 'SYMBOLS', 'N_SYMBOLS', 'MAX_LEMMA_LEN', 'MAX_PAST_LEN', 'REGULAR_VERBS', 'IRREGULAR_VERBS',
            'syllable_count', 'regular_past_tense', 'Verb', 'Lexicon', 'load_lexicon', 'encode_word',
-           'check_symbol_indices', 'decode_word', 'one_hot', 'Split', 'PastTenseData', 'make_dataset', 'Batch',
-           'iterate_batches']
+           'check_symbol_indices', 'decode_word', 'one_hot', 'Split', 'kept_lemmas', 'PastTenseData', 'make_dataset',
+           'Batch', 'iterate_batches']
 
 # %% ../nbs/05_data.ipynb #3b1572e6
 VOWELS = frozenset("aeiou")
@@ -410,6 +410,18 @@ def _stratified_split(lexicon: Lexicon, val_fraction: float, keep: set, rng: np.
         train += [candidates[i] for i in order[n_val:]] + [v for v in group if v.lemma in keep]
     return train, val
 
+# %% ../nbs/05_data.ipynb #378cb020
+def kept_lemmas(keep_in_train: Iterable[str]) -> set[str]:
+    "The verbs of `keep_in_train` as a set: a collection of strings, never one string read letter by letter."
+    if isinstance(keep_in_train, (str, bytes)):
+        raise TypeError(f"keep_in_train must be a collection of verbs such as [{keep_in_train!r}], "
+                        f"got the single string {keep_in_train!r}")
+    keep = set(keep_in_train)
+    bad = [lemma for lemma in keep if not isinstance(lemma, str)]
+    if bad:
+        raise TypeError(f"keep_in_train must hold verbs as strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return keep
+
 # %% ../nbs/05_data.ipynb #1a6f7517
 @dataclass
 class PastTenseData:
@@ -424,7 +436,7 @@ def make_dataset(val_fraction: float = 0.2, seed: int = 0, keep_in_train: Iterab
     if not (0.0 <= float(val_fraction) < 1.0):
         raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction!r}")
     lexicon = load_lexicon() if lexicon is None else lexicon
-    keep = set(keep_in_train)
+    keep = kept_lemmas(keep_in_train)
     for lemma in keep:
         lexicon[lemma]  # unknown lemmas raise here, naming the verb
     train, val = _stratified_split(lexicon, val_fraction, keep, np.random.default_rng(seed))

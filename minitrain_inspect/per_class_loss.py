@@ -67,7 +67,11 @@ def _check_class_masks(per_example_loss, regular, irregular) -> np.ndarray:
 # %% ../nbs/06_per_class_loss.ipynb #b5066423
 def _mean_or_nan(values: np.ndarray) -> float:
     ### BEGIN SOLUTION
-    return float(values.mean(dtype=np.float64)) if values.size else math.nan
+    if not values.size:
+        return math.nan
+    with np.errstate(over="ignore"):                 # an overflow is handled on the next line
+        mean = float(values.mean(dtype=np.float64))
+    return mean if math.isfinite(mean) else float((values / values.size).sum(dtype=np.float64))
     ### END SOLUTION
 
 

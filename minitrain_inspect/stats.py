@@ -23,10 +23,11 @@ import numpy as np
 from .core import kernel_input, optional_numba, sigint_deferred
 
 # %% auto #0
-__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'check_int', 'float64_sum', 'sum_of_squares', 'has_nan',
-           'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments', 'moment_kernels', 'one_pass_moments',
-           'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge', 'to_jsonable', 'summarize',
-           'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
+__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON_DEPTH', 'check_int', 'float64_sum',
+           'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments',
+           'moment_kernels', 'one_pass_moments', 'merge_moments', 'new_state', 'fold_moments', 'welford_update',
+           'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text',
+           'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -90,6 +91,9 @@ def _as_numeric_array(x) -> np.ndarray:
         raise TypeError(f"statistics need real numbers, got dtype {x.dtype}")
     if x.dtype.kind == "b":
         x = x.astype(np.uint8)
+    if x.dtype.kind == "f" and x.dtype.itemsize > 8:    # longdouble: more range and digits than float64 holds
+        raise TypeError(f"statistics accumulate in float64 and cannot hold every {x.dtype} ({np.dtype(x.dtype).name}) "
+                        f"value exactly; convert with .astype(np.float64) first, got dtype {x.dtype}")
     return x
 
 # %% ../nbs/08_stats.ipynb #7f3de1bb
@@ -273,8 +277,10 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart, within the bounds stated above on any machine. Finite for any finite input (see
     `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations
-    where they are needed."""
+    where they are needed (never when it shares memory with `x`: the input is read, never written)."""
     x = _as_numeric_array(x)
+    if scratch is not None and np.may_share_memory(scratch, x):
+        scratch = None
     flat = x.reshape(-1)
     if flat.size == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf)
@@ -508,14 +514,32 @@ def merge(a: dict, b: dict) -> dict:
     return out
 
 # %% ../nbs/08_stats.ipynb #7b81c2bf
-def to_jsonable(obj):
-    "Convert nested dicts/lists/tuples/NumPy values to JSON types; non-finite floats become `None`."
+MAX_JSON_DEPTH = 100   # the deepest nesting `to_jsonable` converts (and a saved history's metadata may have)
+
+
+def _jsonable_dict(obj: dict, depth: int) -> dict:
+    "The dict with string keys; two keys that become the same string (1 and '1') raise rather than lose a value."
+    out = {str(k): to_jsonable(v, depth) for k, v in obj.items()}
+    if len(out) < len(obj):
+        seen = {}
+        for k in obj:
+            if str(k) in seen:
+                raise ValueError(f"keys {seen[str(k)]!r} and {k!r} are both {str(k)!r} in JSON: one value would be lost")
+            seen[str(k)] = k
+    return out
+
+
+def to_jsonable(obj, depth: int = MAX_JSON_DEPTH):
+    """Convert nested dicts/lists/tuples/NumPy values to JSON types; non-finite floats become `None`. Nesting deeper
+    than `depth` levels raises ValueError (as do dict keys that collide as strings)."""
+    if isinstance(obj, (dict, list, tuple, np.ndarray)) and depth <= 0:
+        raise ValueError(f"cannot convert to JSON: nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
+        return _jsonable_dict(obj, depth - 1)
     if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
+        return [to_jsonable(v, depth - 1) for v in obj]
     if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
+        return to_jsonable(obj.tolist(), depth)
     if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
     if isinstance(obj, (int, np.integer)):

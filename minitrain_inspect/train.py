@@ -24,10 +24,11 @@ from .losses import SoftmaxCrossEntropy
 from .optim import SGD, Adam, Optimizer
 
 # %% auto #0
-__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'VERDICTS', 'OBSERVER_EVENTS', 'past_tense_mlp', 'copy_path', 'PastTenseModel',
-           'evaluating', 'predict_logits', 'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'step_loss',
-           'step_update', 'params_sha256', 'EarlyStop', 'TrainResult', 'RunControl', 'RunContext', 'run_data',
-           'build_run', 'training_steps', 'run_to_end', 'train']
+__all__ = ['INPUT_FEATURES', 'OUTPUT_FEATURES', 'MAX_STEPS', 'MAX_BLAS_THREADS', 'MAX_WIDTH', 'MAX_BATCH', 'CONFIG_CHECKS',
+           'VERDICTS', 'OBSERVER_EVENTS', 'past_tense_mlp', 'copy_path', 'PastTenseModel', 'evaluating',
+           'predict_logits', 'predict', 'accuracy', 'TrainConfig', 'blas_threads', 'step_loss', 'step_update',
+           'params_sha256', 'EarlyStop', 'TrainResult', 'RunControl', 'RunContext', 'run_data', 'build_run',
+           'training_steps', 'run_to_end', 'train']
 
 # %% ../nbs/07_train.ipynb #7cfd57dd
 INPUT_FEATURES = MAX_LEMMA_LEN * N_SYMBOLS
@@ -117,11 +118,19 @@ def accuracy(model: Module, data: PastTenseData) -> dict[str, float]:
     return out
 
 # %% ../nbs/07_train.ipynb #ac6802ff
-def _integer(name, value, minimum):
+MAX_STEPS = 10_000_000       # training steps (about 11 hours at 4 ms a step)
+MAX_BLAS_THREADS = 1024      # BLAS threads
+MAX_WIDTH = 65_536           # a hidden width
+MAX_BATCH = 1_048_576        # examples in a batch
+
+
+def _integer(name, value, minimum, maximum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return int(value)
 
 
@@ -139,6 +148,39 @@ def _choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be {' or '.join(repr(c) for c in choices)}, got {value!r}")
     return value
+
+# %% ../nbs/07_train.ipynb #89ccc6a0
+def _widths(value) -> tuple:
+    widths = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not widths:
+        raise ValueError("hidden must list at least one width")
+    return tuple(_integer("hidden width", h, 1, MAX_WIDTH) for h in widths)
+
+
+def _flag(name, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+CONFIG_CHECKS = {
+    "steps": lambda v: _integer("steps", v, 0, MAX_STEPS),
+    "batch_size": lambda v: _integer("batch_size", v, 1, MAX_BATCH),
+    "lr": lambda v: _real("lr", v, 0.0, math.inf, low_open=True),
+    "optimizer": lambda v: _choice("optimizer", v, ("adam", "sgd")),
+    "momentum": lambda v: _real("momentum", v, 0.0, 1.0),
+    "seed": lambda v: _integer("seed", v, 0, 2 ** 63 - 1),
+    "hidden": _widths,
+    "activation": lambda v: _choice("activation", v, ("relu", "tanh")),
+    "dropout": lambda v: _real("dropout", v, 0.0, 1.0),
+    "dtype": lambda v: str(as_float_dtype(v)),
+    "val_fraction": lambda v: _real("val_fraction", v, 0.0, 1.0, low_open=True),
+    "eval_every": lambda v: _integer("eval_every", v, 1, MAX_STEPS),
+    "blas_threads": lambda v: _integer("blas_threads", v, 1, MAX_BLAS_THREADS),
+    "progress": bool,
+    "diagnose_every": lambda v: None if v is None else _integer("diagnose_every", v, 1, MAX_STEPS),
+    "early_stop": lambda v: _flag("early_stop", v),
+}
 
 # %% ../nbs/07_train.ipynb #db2af069
 @dataclass
@@ -161,28 +203,10 @@ class TrainConfig:
     diagnose_every: int | None = None   # run a diagnosing observer's protocol every N steps (None: never)
     early_stop: bool = False            # stop cleanly when an observer asks, or at a non-finite loss
 
-    def __post_init__(self):
-        self.steps, self.seed = _integer("steps", self.steps, 0), _integer("seed", self.seed, 0)
-        self.batch_size = _integer("batch_size", self.batch_size, 1)
-        self.lr = _real("lr", self.lr, 0.0, math.inf, low_open=True)
-        self.optimizer = _choice("optimizer", self.optimizer, ("adam", "sgd"))
-        self.momentum = _real("momentum", self.momentum, 0.0, 1.0)
-        widths = (self.hidden,) if isinstance(self.hidden, (int, np.integer)) else self.hidden
-        self.hidden = tuple(_integer("hidden width", h, 1) for h in widths)
-        if not self.hidden:
-            raise ValueError("hidden must list at least one width")
-        self.activation = _choice("activation", self.activation, ("relu", "tanh"))
-        self.dropout = _real("dropout", self.dropout, 0.0, 1.0)
-        self.dtype = str(as_float_dtype(self.dtype))
-        self.val_fraction = _real("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True)
-        self.eval_every = _integer("eval_every", self.eval_every, 1)
-        self.blas_threads = _integer("blas_threads", self.blas_threads, 1)
-        self.progress = bool(self.progress)
-        if self.diagnose_every is not None:
-            self.diagnose_every = _integer("diagnose_every", self.diagnose_every, 1)
-        if not isinstance(self.early_stop, (bool, np.bool_)):
-            raise TypeError(f"early_stop must be True or False, got {self.early_stop!r}")
-        self.early_stop = bool(self.early_stop)
+    def __setattr__(self, name, value):
+        "Every field is checked (see `CONFIG_CHECKS`) whenever it is set: when the config is built, and after."
+        check = CONFIG_CHECKS.get(name)
+        object.__setattr__(self, name, check(value) if check else value)
 
 # %% ../nbs/07_train.ipynb #90ce0e6c
 @contextmanager
