@@ -12,14 +12,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .stats import (FLOAT64_MAX, _as_numeric_array, all_finite, atomic_write_text, check_int, has_nan,
-                                    sum_of_squares, to_jsonable)
+from .stats import (FLOAT64_MAX, MAX_JSON_DEPTH, _as_numeric_array, all_finite, atomic_write_text,
+                                    check_int, has_nan, sum_of_squares, to_jsonable)
 
 # %% auto #0
-__all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every',
-           'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries', 'HistoryFiles', 'History', 'SpectralNorm',
-           'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram',
-           'unit_summary']
+__all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'SATURATION',
+           'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
+           'HistoryFiles', 'History', 'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram',
+           'histogram_edges', 'fixed_histogram', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #0f02476e
 def _check_step(step) -> int:
@@ -122,7 +122,8 @@ class ThinnedSeries:
         self.values: list = []
         self.stride = 1  # keep every stride-th offered step
         self.offered = 0  # distinct steps offered so far
-        self.last_step: int | None = None  # the last step offered, kept or not
+        self.last_step: int | None = None  # the last step offered
+        self.tail = False  # True when the last point is off the grid (the next one offered replaces it)
 
     def append(self, step: int, value) -> None:
         "Offer the point `(step, value)`: same step as the last replaces it, an earlier step raises ValueError."
@@ -130,16 +131,21 @@ class ThinnedSeries:
         if self.last_step is not None and step <= self.last_step:
             return self._repeat(step, value)   # a step seen before: exercise series_repeat, below
         ### BEGIN SOLUTION
-        keep = self.offered % self.stride == 0
+        if self.tail:                                   # the newest point replaces the tail
+            del self.steps[-1], self.values[-1]
+        on_grid = self.offered % self.stride == 0
         self.offered += 1
         self.last_step = step
-        if not keep:
-            return
         self.steps.append(step)
         self.values.append(value)
-        if len(self.steps) >= self.max_points:
+        self.tail = not on_grid
+        if on_grid and len(self.steps) >= self.max_points:
             del self.steps[1::2], self.values[1::2]
             self.stride *= 2
+            if self.steps[-1] != step:                  # the halving dropped the newest point: keep it as the tail
+                self.steps.append(step)
+                self.values.append(value)
+                self.tail = True
         ### END SOLUTION
 
     def __len__(self):
@@ -150,7 +156,7 @@ class ThinnedSeries:
                 and _same_values(self.values, other.values))
 
     def _state(self) -> tuple:
-        return self.max_points, self.stride, self.offered, self.last_step, self.steps
+        return self.max_points, self.stride, self.offered, self.last_step, self.tail, self.steps
 
     def __repr__(self):
         return f"{type(self).__name__}({len(self)} points, stride {self.stride}, max_points {self.max_points})"
@@ -183,7 +189,9 @@ class BoundedSeries(ThinnedSeries):
 
 # %% ../nbs/09_panels.ipynb #26972ee3
 HISTORY_FORMAT = "minitrain-inspect history"
-HISTORY_VERSION = 2
+HISTORY_VERSION = 3                 # 3: each series saves `tail`
+HISTORY_READS = (2, 3)              # the versions load_jsonl reads
+MAX_HISTORY_BYTES = 256 * 2 ** 20   # the largest file load_jsonl reads unless told otherwise
 
 # %% ../nbs/09_panels.ipynb #3aaaabaa
 def _clean_value(value):
@@ -208,6 +216,32 @@ def _clean_value(value):
 def _not_a_value(value):
     raise TypeError(f"a value must be a number, None (null) or a flat list of those, got {value!r}")
 
+# %% ../nbs/09_panels.ipynb #25b4d75a
+def _check_history_size(path: Path, max_bytes: int) -> Path:
+    "`path`, if it is a file of at most `max_bytes` bytes; else a ValueError naming its size and the limit."
+    max_bytes = check_int(max_bytes, "max_bytes", 1)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{path} holds {size:,} bytes ({size / 2 ** 20:.0f} MB), more than a history may have: "
+                         f"{max_bytes:,} bytes ({max_bytes / 2 ** 20:.0f} MB); pass a larger max_bytes to load it")
+    return path
+
+
+def _history_lines(path: Path):
+    "`(number, line)` for each line of `path`, read one at a time, without trailing blank lines."
+    blanks = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    blanks.append((number, line))     # fine at the end of the file, not before another line
+                    continue
+                yield from blanks
+                blanks = []
+                yield number, line
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not a saved history: not UTF-8 text ({exc.reason})") from None
+
 # %% ../nbs/09_panels.ipynb #6d2e25f8
 class HistoryFiles:
     "Saving a `History` as JSON Lines, and reading one back, validated line by line."
@@ -219,32 +253,28 @@ class HistoryFiles:
         lines = [json.dumps(head, allow_nan=False)]
         for key, s in self.series.items():
             lines.append(json.dumps({"key": key, "steps": s.steps, "values": to_jsonable(s.values), "stride": s.stride,
-                                     "offered": s.offered, "last_step": s.last_step}, allow_nan=False))
+                                     "offered": s.offered, "last_step": s.last_step, "tail": s.tail}, allow_nan=False))
         return atomic_write_text(path, "\n".join(lines) + "\n")
 
     @classmethod
-    def load_jsonl(cls, path) -> "History":
-        "A History read back from a file written by `save_jsonl`; anything invalid raises ValueError naming file and line."
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path} is not a saved history: not UTF-8 text ({exc.reason})") from None
-        lines = text.split("\n")
-        while lines and not lines[-1].strip():  # trailing blank lines are fine
-            lines.pop()
-        if not lines:
+    def load_jsonl(cls, path, max_bytes: int = MAX_HISTORY_BYTES) -> "History":
+        """A History read back from a file written by `save_jsonl`; anything invalid raises ValueError naming file
+        and line. A file over `max_bytes` is refused before it is read."""
+        path = _check_history_size(Path(path), max_bytes)
+        lines = _history_lines(path)
+        number, line = next(lines, (1, None))
+        if line is None:
             raise ValueError(f"{path}, line 1: the file is empty, not a saved history")
-        history, expected = _read_head(path, lines[0])
-        for number, line in enumerate(lines[1:], start=2):
+        history, expected, version = _read_head(path, line)
+        for number, line in lines:
             if number - 1 > expected:
                 raise ValueError(f"{path}, line {number}: the first line promises {expected} series, the file has more")
-            key, series = _read_series(path, number, line, history.max_points)
+            key, series = _read_series(path, number, line, history.max_points, version)
             if key in history.series:
                 raise ValueError(f"{path}, line {number}: duplicate key {key!r}")
             history.series[key] = series
         if len(history.series) < expected:
-            raise ValueError(f"{path}, line {len(lines) + 1}: the first line promises {expected} series, the file has "
+            raise ValueError(f"{path}, line {number + 1}: the first line promises {expected} series, the file has "
                              f"{len(history.series)} (truncated?)")
         return history
 
@@ -311,6 +341,8 @@ def _parse_line(path: Path, number: int, line: str) -> dict:
         row = json.loads(line, parse_constant=no_constants)
     except ValueError as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path}, line {number}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}, line {number}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(row, dict):
         raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
     return row
@@ -326,58 +358,87 @@ def _field(path: Path, number: int, row: dict, name: str, kind, what: str):
     return value
 
 # %% ../nbs/09_panels.ipynb #58f1eaca
-def _read_head(path: Path, line: str) -> tuple[History, int]:
+def _read_head(path: Path, line: str) -> tuple[History, int, int]:
+    "The empty History the first line describes, the number of series that follow, and the format's version."
     row = _parse_line(path, 1, line)
     if row.get("format") != HISTORY_FORMAT:
         raise ValueError(f"{path}, line 1: not a saved history (no \"format\": {HISTORY_FORMAT!r} on the first line)")
-    if row.get("version") != HISTORY_VERSION:
-        raise ValueError(f"{path}, line 1: history format version {row.get('version')!r}; this version reads "
-                         f"{HISTORY_VERSION}")
+    version = row.get("version")
+    if type(version) is not int or version not in HISTORY_READS:
+        raise ValueError(f"{path}, line 1: history format version {version!r}; this version reads "
+                         f"{', '.join(map(str, HISTORY_READS))}")
     expected = _field(path, 1, row, "series", int, "a non-negative integer")
     max_points = _field(path, 1, row, "max_points", int, "an integer")
     meta = _field(path, 1, row, "meta", dict, "a JSON object (dict)")
     if expected < 0 or not 2 <= max_points <= MAX_POINTS_LIMIT:
         raise ValueError(f"{path}, line 1: series must be >= 0 and max_points between 2 and {MAX_POINTS_LIMIT}, "
                          f"got {expected} and {max_points}")
+    try:
+        to_jsonable(meta)                                     # nested at most MAX_JSON_DEPTH levels
+    except ValueError as exc:
+        raise ValueError(f"{path}, line 1: meta: {exc}") from None
     history = History(max_points)
     history.meta = meta
-    return history, expected
+    return history, expected, version
 
 # %% ../nbs/09_panels.ipynb #32dfcbb4
-def _read_series(path: Path, number: int, line: str, max_points: int) -> tuple[str, BoundedSeries]:
-    row = _parse_line(path, number, line)
-    where = f"{path}, line {number}"
-    key = _field(path, number, row, "key", str, "a string")
-    steps = _field(path, number, row, "steps", list, "a list")
-    values = _field(path, number, row, "values", list, "a list")
-    stride = _field(path, number, row, "stride", int, "a positive integer")
-    offered = _field(path, number, row, "offered", int, "a non-negative integer")
-    last_step = row.get("last_step")
-    if not key:
-        raise ValueError(f"{where}: empty key")
+def _check_steps(where: str, key: str, steps: list, values: list, max_points: int) -> None:
+    "Steps strictly increasing non-negative integers, one value each, at most `max_points` of them."
     if len(steps) != len(values):
         raise ValueError(f"{where}: series {key!r} has {len(steps)} steps but {len(values)} values")
-    if len(steps) >= max_points:
+    if len(steps) > max_points:
         raise ValueError(f"{where}: series {key!r} has {len(steps)} points; max_points {max_points} allows at most "
-                         f"{max_points - 1}")
+                         f"{max_points}")
     previous = -1
     for step in steps:
         if type(step) is not int or step <= previous:
             raise ValueError(f"{where}: series {key!r}: steps must be strictly increasing non-negative integers, "
                              f"got {step!r} after {previous if previous >= 0 else 'the start'}")
         previous = step
-    if stride < 1 or stride & (stride - 1) or offered < 0 or len(steps) != -(-offered // stride):
-        raise ValueError(f"{where}: series {key!r}: thinning state stride={stride}, offered={offered} does not match "
-                         f"its {len(steps)} points")
-    if not (last_step is None and not steps or type(last_step) is int and last_step >= max(previous, 0)):
-        raise ValueError(f"{where}: series {key!r}: last_step must be an integer >= the last step, got {last_step!r}")
+
+
+def _check_thinning(where: str, key: str, s: BoundedSeries, version: int) -> None:
+    "The thinning state of `s` matches its points: the grid, the tail (version 3), and the last step."
+    grid, tail = -1, False                     # grid points and tail that stride and offered imply
+    if s.stride >= 1 and not s.stride & (s.stride - 1) and s.offered >= 0:
+        grid = -(-s.offered // s.stride)
+        tail = version >= 3 and s.offered > 0 and (s.offered - 1) % s.stride != 0
+    if grid < 0 or grid >= s.max_points or s.tail != tail or len(s.steps) != grid + tail:
+        raise ValueError(f"{where}: series {key!r}: thinning state stride={s.stride}, offered={s.offered}, "
+                         f"tail={s.tail} does not match its {len(s.steps)} points")
+    if not s.steps:
+        ok = s.last_step is None
+    elif version >= 3:                 # the newest point is kept: it is the last step offered
+        ok = type(s.last_step) is int and s.last_step == s.steps[-1]
+    else:                              # version 2 may have dropped it
+        ok = type(s.last_step) is int and s.last_step >= s.steps[-1]
+    if not ok:
+        raise ValueError(f"{where}: series {key!r}: last_step must be an integer "
+                         f"{'equal to' if version >= 3 else '>='} the last step, got {s.last_step!r}")
+
+
+def _read_series(path: Path, number: int, line: str, max_points: int, version: int = HISTORY_VERSION
+                 ) -> tuple[str, BoundedSeries]:
+    "One series line of a file in format `version`, checked field by field and against its thinning state."
+    row = _parse_line(path, number, line)
+    where = f"{path}, line {number}"
+    key = _field(path, number, row, "key", str, "a string")
+    if not key:
+        raise ValueError(f"{where}: empty key")
+    s = BoundedSeries(max_points)
+    s.steps = _field(path, number, row, "steps", list, "a list")
+    values = _field(path, number, row, "values", list, "a list")
+    s.stride = _field(path, number, row, "stride", int, "a positive integer")
+    s.offered = _field(path, number, row, "offered", int, "a non-negative integer")
+    s.tail = _field(path, number, row, "tail", bool, "true or false") if version >= 3 else False
+    s.last_step = row.get("last_step")
+    _check_steps(where, key, s.steps, values, max_points)
+    _check_thinning(where, key, s, version)
     try:
-        values = [_clean_value(v) for v in values]   # the same rules as `record`: null -> NaN, inf saturated
+        s.values = [_clean_value(v) for v in values]   # the same rules as `record`: null -> NaN, inf saturated
     except TypeError as exc:
         raise ValueError(f"{where}: series {key!r}: {exc}"[:400]) from None
-    series = BoundedSeries(max_points)
-    series.steps, series.values, series.stride, series.offered, series.last_step = steps, values, stride, offered, last_step
-    return key, series
+    return key, s
 
 # %% ../nbs/09_panels.ipynb #40fad9a4
 class SpectralNorm:

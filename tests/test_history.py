@@ -215,7 +215,7 @@ CORRUPTIONS = {
     "max_points a float": (lambda L: edit(L, 0, max_points=8.0), 1, "'max_points' must be an integer"),
     "max_points a bool": (lambda L: edit(L, 0, max_points=True), 1, "'max_points' must be an integer"),
     "max_points missing": (lambda L: edit(L, 0, max_points=...), 1, "missing 'max_points'"),
-    "max_points smaller than a series": (lambda L: edit(L, 0, max_points=3), 2, "max_points 3 allows at most 2"),
+    "max_points smaller than a series": (lambda L: edit(L, 0, max_points=3), 2, "max_points 3 allows at most 3"),
     "meta a list": (lambda L: edit(L, 0, meta=[]), 1, "'meta' must be a JSON object"),
     "meta a string": (lambda L: edit(L, 0, meta="x"), 1, "'meta' must be a JSON object"),
     "meta null": (lambda L: edit(L, 0, meta=None), 1, "'meta' must be a JSON object"),
@@ -272,7 +272,7 @@ def test_max_points_enforced_on_load(saved, tmp_path):
     row.update(steps=list(range(20)), values=[0.0] * 20, stride=1, offered=20, last_step=19)
     p = tmp_path / "long.jsonl"
     p.write_text("\n".join([lines[0], json.dumps(row)] + lines[2:]) + "\n")
-    with pytest.raises(ValueError, match=r"line 2: series 'loss/train' has 20 points; max_points 8 allows at most 7"):
+    with pytest.raises(ValueError, match=r"line 2: series 'loss/train' has 20 points; max_points 8 allows at most 8"):
         History.load_jsonl(p)
 
 
