@@ -22,12 +22,13 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['HIDDEN_TYPES', 'SPARSE', 'UNIT_FIELDS', 'UNIT_LEGEND', 'CHECKED', 'NONFINITE_SERIES', 'STUCK_WORDS', 'PANEL_PREFIXES',
-           'moving_average', 'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'draw_loss', 'output_layers',
-           'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram',
-           'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
-           'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key',
-           'render_dashboard', 'save_dashboard']
+__all__ = ['MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'UNIT_FIELDS', 'UNIT_LEGEND', 'CHECKED',
+           'NONFINITE_SERIES', 'STUCK_WORDS', 'MAX_SUMMARY_LAYERS', 'PANEL_PREFIXES', 'moving_average', 'corner_note',
+           'first_curves', 'keep_drawable', 'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'draw_loss',
+           'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health',
+           'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines',
+           'draw_verdict', 'mark_fired', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels',
+           'draw_extra', 'draw_key', 'render_dashboard', 'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -57,6 +58,42 @@ def _count(n: int, word: str, plural: str | None = None) -> str:
     "'1 step', '3 steps', '1 diagnosis', '2 diagnoses'."
     return f"{n} {word if n == 1 else plural or word + 's'}"
 
+# %% ../nbs/11_dashboard.ipynb #9cc40be9
+MAX_CURVES = 20       # curves per panel: a panel with more series draws the first ones and names how many it left out
+MAX_HISTOGRAMS = 4    # histogram columns in panel 6
+DRAWABLE = 1e300      # the largest |value| drawn as it is; beyond, drawn at ±DRAWABLE (matplotlib's scales overflow)
+
+
+def corner_note(ax, text: str) -> None:
+    "A short note in the lower left corner of `ax`, above any note already there."
+    above = sum(t.get_gid() == "note" for t in ax.texts)
+    ax.text(0.01, 0.02 + 0.07 * above, text, transform=ax.transAxes, fontsize=8, color="0.25", gid="note",
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
+
+
+def first_curves(ax, names, most: int = MAX_CURVES) -> list:
+    "The first `most` of `names`; when that leaves some out, a note in `ax` says how many."
+    names = list(names)
+    if len(names) > most:
+        corner_note(ax, f"{most} of {len(names)} series drawn, {len(names) - most} left out")
+    return names[:most]
+
+# %% ../nbs/11_dashboard.ipynb #fac2eedd
+def keep_drawable(ax) -> int:
+    "Draw every finite value of `ax`'s lines beyond ±DRAWABLE at ±DRAWABLE, with a note; returns how many moved."
+    moved = 0
+    for line in ax.lines:
+        y = np.asarray(line.get_ydata(), dtype=float)
+        big = np.isfinite(y) & (np.abs(y) > DRAWABLE)
+        if big.any():
+            line.set_ydata(np.where(big, np.copysign(DRAWABLE, y), y))
+            moved += int(big.sum())
+    if moved:
+        ax.relim()
+        ax.autoscale_view(scalex=False)
+        corner_note(ax, f"{_count(moved, 'value')} beyond ±{DRAWABLE:g} drawn at ±{DRAWABLE:g}")
+    return moved
+
 # %% ../nbs/11_dashboard.ipynb #89b6c301
 def param_layer(param: str, layers) -> str:
     "The layer a parameter belongs to: the longest layer name that prefixes `param`, else `param` minus its last part."
@@ -69,14 +106,15 @@ def param_layer(param: str, layers) -> str:
 def _style_names(history: History) -> tuple[list[str], list[str]]:
     "The layers and the parameters to colour, in order: the metadata's first, then any others the series name."
     meta = history.meta
-    layers = list(meta.get("layers", []))
+    layers = dict.fromkeys(meta.get("layers", []))                # dicts as ordered sets: fast with many names
     for panel in ("activations", "act_grads", "units"):           # a history without meta still gets colours
-        layers += [n for n in history.names(panel) if n not in layers]
-    params = list(meta.get("params", []))
+        layers.update(dict.fromkeys(history.names(panel)))
+    params = dict.fromkeys(meta.get("params", []))
     for panel in ("gradients", "updates", "spectral"):
-        params += [p for p in history.names(panel) if p not in params]
-    layers += [owner for owner in dict.fromkeys(param_layer(p, layers) for p in params) if owner not in layers]
-    return layers, params
+        params.update(dict.fromkeys(history.names(panel)))
+    known = list(layers)
+    layers.update(dict.fromkeys(param_layer(p, known) for p in params))
+    return list(layers), list(params)
 
 # %% ../nbs/11_dashboard.ipynb #a4377fc7
 HIDDEN_TYPES = ("Dropout",)
@@ -140,9 +178,10 @@ def sparse_note(history: History, keys, last_step: int) -> str | None:
 # %% ../nbs/11_dashboard.ipynb #583b748e
 def plot_per_layer(ax, history: History, style: LayerStyle, panel: str, field: str, names) -> int:
     """Draw `panel/NAME/field` for each name in `names`, in the layer's colour (a dot on each point of a short
-    series), with crosses where `panel/NAME/nonfinite` counts NaN or inf. Returns the number of curves drawn."""
+    series), with crosses where `panel/NAME/nonfinite` counts NaN or inf; at most `MAX_CURVES` of them (see
+    `first_curves`). Returns the number of curves drawn."""
     drawn = 0
-    for name in names:
+    for name in first_curves(ax, names):
         steps, values = history.get(f"{panel}/{name}/{field}")
         if not steps.size:
             continue
@@ -282,7 +321,7 @@ def _unit_legend(ax, kinds) -> None:
 def draw_unit_health(ax, history: History, style: LayerStyle, last_step: int) -> None:
     """Panel 6, left: per layer, the share of units dead (ReLU <= 0 for every example) or saturated (|tanh| > 0.97
     for every example), solid; and the share of all outputs <= 0 (or saturated), dashed."""
-    layers = style.shown(history.names("units"))
+    layers = first_curves(ax, style.shown(history.names("units")))
     keys = []                                    # the keys drawn, for sparse_note
     ### BEGIN SOLUTION
     for name in layers:
@@ -595,13 +634,21 @@ def _guard_lines(history: History, max_events: int) -> list[str]:
     return lines
 
 # %% ../nbs/11_dashboard.ipynb #e50f1c87
+MAX_SUMMARY_LAYERS = 6   # layers (and non-finite series) the summary names; it says how many more there are
+
+
 def summary_lines(history: History, max_events: int = 3) -> list[str]:
     "Headline numbers of the run, one line each, at most a screenful whatever the run."
     lines = verdict_lines(history, max_reasons=2) + _loss_lines(history) + _per_class_lines(history)
-    for name in history.names("units"):
+    layers = history.names("units")
+    for name in layers[:MAX_SUMMARY_LAYERS]:
         lines += _unit_lines(history, name)
+    if len(layers) > MAX_SUMMARY_LAYERS:
+        lines.append(f"  ... and {len(layers) - MAX_SUMMARY_LAYERS} more layers, left out")
     lines += _weight_lines(history)
     bad = nonfinite_lines(history)
+    if len(bad) > MAX_SUMMARY_LAYERS:
+        bad = bad[:MAX_SUMMARY_LAYERS] + [f"  ... and {len(bad) - MAX_SUMMARY_LAYERS} more series, left out"]
     lines += ["NON-FINITE VALUES (NaN or inf):", *bad] if bad else ["non-finite values: none"]
     lines += _guard_lines(history, max_events)
     lines += [note for note in history.meta.get("notes", []) if note not in lines]
@@ -636,7 +683,7 @@ def extra_panels(history: History) -> dict[str, dict]:
 def draw_extra(ax, history: History, style: LayerStyle, last_step: int, name: str, info: dict) -> None:
     "A panel of the user's own: every series `name/LAYER/field`, in the layer's colour."
     drawn = 0
-    for key in history.keys(name + "/"):
+    for key in first_curves(ax, history.keys(name + "/")):
         parts = key.split("/")
         steps, values = history.get(key)
         if len(parts) == 3 and steps.size and np.ndim(values) == 1:
@@ -657,7 +704,9 @@ def _config_line(config: dict, width: int = 300) -> str:
 def _key_handles(style: LayerStyle) -> list[Line2D]:
     "The key's entries: one per layer (its colour and type), then the line styles and the non-finite marker."
     handles = [Line2D([], [], color=style.colour(n), lw=3, label=f"{_short(n)} ({style.types.get(n, '?')})")
-               for n in style.layers]
+               for n in style.layers[:MAX_CURVES]]
+    if len(style.layers) > MAX_CURVES:
+        handles.append(Line2D([], [], color="none", label=f"... {len(style.layers) - MAX_CURVES} more layers, left out"))
     return handles + [Line2D([], [], color="0.3", ls="-", label="weight (or layer)"),
                       Line2D([], [], color="0.3", ls="--", label="bias"),
                       Line2D([], [], color="0.3", ls="none", marker="x", mew=2,
@@ -710,10 +759,12 @@ def _draw_top_panels(fig: Figure, grid, history: History, style: LayerStyle, las
 
 # %% ../nbs/11_dashboard.ipynb #5e7e038c
 def _draw_unit_row(fig: Figure, grid, history: History, style: LayerStyle, last: int) -> list:
-    "Panel 6 (row 4): unit health on the left, a histogram per shown layer on the right; returns the health axes."
+    """Panel 6 (row 4): unit health on the left, a histogram per shown layer (at most `MAX_HISTOGRAMS`) on the right;
+    returns the health axes."""
     health = _panel_axes(fig, grid, 4, _LEFT)
     draw_unit_health(health, history, style, last)
-    layers = style.shown(history.names("units"))
+    every = style.shown(history.names("units"))
+    layers = every[:MAX_HISTOGRAMS]
     cells = grid[5, 2:].subgridspec(1, max(len(layers), 1))
     for i, name in enumerate(layers or [None]):
         ax = fig.add_subplot(cells[i])
@@ -721,6 +772,8 @@ def _draw_unit_row(fig: Figure, grid, history: History, style: LayerStyle, last:
             draw_histogram(ax, history, name, fig, last)
         else:
             _message(ax, "no histograms recorded")
+    if len(every) > len(layers):
+        corner_note(ax, f"histograms of {len(layers)} of {len(every)} layers, {len(every) - len(layers)} left out")
     return [health]
 
 # %% ../nbs/11_dashboard.ipynb #1fe82f3b
@@ -753,6 +806,7 @@ def render_dashboard(history: History, title: str | None = None, figsize=(20, 25
     timed += _draw_bottom(fig, grid, history, style, last, extra)
     for ax in timed:
         mark_fired(ax, history)
+        keep_drawable(ax)
     fig.suptitle(_dashboard_title(history, title), fontsize=15, fontweight="bold")
     return fig
 
