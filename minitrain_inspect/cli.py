@@ -15,21 +15,20 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from . import __version__
-from .stats import atomic_write_text, check_output_path, sigint_deferred, to_jsonable
-from .overhead import add_overhead_arguments, overhead_command
-from .trace import add_trace_arguments, trace_command
-from .train import TrainConfig, train
-from .course import DEFAULT_TIMEOUT, DEFAULT_WORKERS
+from . import __version__     # the package's __init__: one line, no imports
+# Nothing else at the top: NumPy and the package's modules are imported where they are used, inside `main`.
 
 # %% auto #0
-__all__ = ['PROG', 'DEMO_DIAGNOSE_EVERY', 'SUBCOMMANDS', 'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish',
-           'train_summary', 'main']
+__all__ = ['PROG', 'MAX_BENCH_STEPS', 'MAX_BENCH_REPEATS', 'MAX_GALLERY_STEPS', 'MAX_SEEDS', 'DEMO_DIAGNOSE_EVERY', 'SUBCOMMANDS',
+           'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish', 'train_summary', 'new_folders',
+           'remove_new_folders', 'main']
 
 # %% ../nbs/18_cli.ipynb #6fae417a
 PROG = "minitrain-inspect"
+MAX_BENCH_STEPS = 100_000     # steps per timed benchmark run
+MAX_BENCH_REPEATS = 100       # interleaved benchmark repeats
+MAX_GALLERY_STEPS = 100_000   # planned steps of each run of the diagnosis gallery
+MAX_SEEDS = 100               # seeds of the gallery's healthy run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -40,30 +39,48 @@ class OneLineParser(argparse.ArgumentParser):
 
 # %% ../nbs/18_cli.ipynb #fb8d5686
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    from minitrain_inspect.train import MAX_BATCH, MAX_BLAS_THREADS, MAX_STEPS, MAX_WIDTH, TrainConfig
     d = TrainConfig()
-    p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"examples per step (default {d.batch_size})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps}, at most {MAX_STEPS})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"examples per step (default {d.batch_size}, at most {MAX_BATCH})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer, help="adam or sgd (default adam)")
     p.add_argument("--momentum", type=float, default=d.momentum, help=f"SGD momentum (default {d.momentum})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of every random choice (default {d.seed})")
     p.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden), metavar="WIDTH",
-                   help="hidden layer widths (default 256 256)")
+                   help=f"hidden layer widths (default 256 256, each at most {MAX_WIDTH})")
     p.add_argument("--activation", default=d.activation, help="relu or tanh (default relu)")
     p.add_argument("--dropout", type=float, default=d.dropout, help=f"dropout probability (default {d.dropout})")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float64 (default float32)")
     p.add_argument("--eval-every", type=int, default=d.eval_every,
-                   help=f"steps between held-out evaluations (default {d.eval_every})")
+                   help=f"steps between held-out evaluations (default {d.eval_every}, at most {MAX_STEPS})")
     p.add_argument("--blas-threads", type=int, default=d.blas_threads, metavar="N",
-                   help="threads of the BLAS library during training (default 1: reproducible, and fastest here)")
+                   help=f"threads of the BLAS library during training (default 1: reproducible, and fastest here; "
+                        f"at most {MAX_BLAS_THREADS})")
     p.add_argument("--diagnose-every", type=int, default=d.diagnose_every, metavar="N",
-                   help="diagnose the run's health every N steps (default: never)")
+                   help=f"diagnose the run's health every N steps (default: never; at most {MAX_STEPS})")
     p.add_argument("--early-stop", action="store_true",
                    help="end the run cleanly when a diagnosis fails or the loss is not finite")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 # %% ../nbs/18_cli.ipynb #a1dc8fd9
+def _flag_error(exc: Exception) -> Exception:
+    "The same error, with the field it names at its start given as the flag ('eval_every must' -> '--eval-every must')."
+    from minitrain_inspect.train import CONFIG_CHECKS
+    field, _, rest = str(exc).partition(" ")
+    return type(exc)(f"--{field.replace('_', '-')} {rest}") if field in CONFIG_CHECKS else exc
+
+
 def _config(args) -> TrainConfig:
+    "The run's configuration from the flags; a refused value is named by its flag."
+    try:
+        return _config_of(args)
+    except (ValueError, TypeError) as exc:
+        raise _flag_error(exc) from None
+
+
+def _config_of(args) -> TrainConfig:
+    from minitrain_inspect.train import TrainConfig
     return TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                        momentum=args.momentum, seed=args.seed, hidden=tuple(args.hidden), activation=args.activation,
                        dropout=args.dropout, dtype=args.dtype, eval_every=args.eval_every,
@@ -83,16 +100,17 @@ def _add_train_command(sub) -> None:
 
 # %% ../nbs/18_cli.ipynb #872994db
 def _add_demo_command(sub) -> None:
+    from minitrain_inspect.train import MAX_WIDTH
     d = sub.add_parser("demo", help="train with the Inspector on; write the dashboard, the history and results.md",
                        description="Train the past-tense model with the Inspector on, then write dashboard.png, "
                                    "history.jsonl, snapshot.json and results.md (with the overhead benchmark) to DIR.")
     d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the outputs (created if needed)")
     _add_train_flags(d)
     d.add_argument("--budget", type=float, default=None, help="budget guard for the Inspector, e.g. 0.3 (default off)")
-    d.add_argument("--bench-steps", type=int, default=200, help="steps per timed run (default 200)")
-    d.add_argument("--bench-repeats", type=int, default=5, help="interleaved repeats (default 5)")
+    d.add_argument("--bench-steps", type=int, default=200, help=f"steps per timed run (default 200, at most {MAX_BENCH_STEPS})")
+    d.add_argument("--bench-repeats", type=int, default=5, help=f"interleaved repeats (default 5, at most {MAX_BENCH_REPEATS})")
     d.add_argument("--bench-widths", type=int, nargs="*", default=[64, 256, 1024], metavar="WIDTH",
-                   help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
+                   help=f"hidden widths for the scaling table (default 64 256 1024, each at most {MAX_WIDTH}; none to skip)")
     d.add_argument("--no-benchmark", action="store_true", help="skip the overhead benchmark")
     d.set_defaults(diagnose_every=DEMO_DIAGNOSE_EVERY)
 
@@ -107,6 +125,7 @@ def _add_dashboard_command(sub) -> None:
 
 
 def _add_overhead_command(sub) -> None:
+    from minitrain_inspect.overhead import add_overhead_arguments
     o = sub.add_parser("overhead", help="measure the Inspector's overhead on the reference workload",
                        description="Interleaved benchmark of the reference training with and without the Inspector "
                                    "(and, with --against torch, the PyTorch twin with hooks), its physical floor, and "
@@ -115,6 +134,7 @@ def _add_overhead_command(sub) -> None:
 
 # %% ../nbs/18_cli.ipynb #c1a77292
 def _add_trace_command(sub) -> None:
+    from minitrain_inspect.trace import add_trace_arguments
     r = sub.add_parser("trace", help="trace training steps layer by layer and find the first drift from a reference",
                        description="Trace training steps probe by probe (forward outputs, gradients at each layer's "
                                    "output, parameter gradients, the optimiser step), against the PyTorch twin or "
@@ -128,14 +148,15 @@ def _add_diagnose_command(sub) -> None:
                        description="Run the gallery of 15_diagnose: broken and healthy runs, each diagnosed every N "
                                    "steps with early stop on, and print the table.")
     x.add_argument("--gallery", action="store_true", help="run the gallery (the only mode for now; required)")
-    x.add_argument("--steps", type=int, default=2000, help="planned steps of each run (default 2000)")
-    x.add_argument("--seeds", type=int, default=5, help="seeds of the default healthy run (default 5)")
-    x.add_argument("--every", type=int, default=50, metavar="N", help="diagnose every N steps (default 50)")
+    x.add_argument("--steps", type=int, default=2000, help=f"planned steps of each run (default 2000, at most {MAX_GALLERY_STEPS})")
+    x.add_argument("--seeds", type=int, default=5, help=f"seeds of the default healthy run (default 5, at most {MAX_SEEDS})")
+    x.add_argument("--every", type=int, default=50, metavar="N", help=f"diagnose every N steps (default 50, at most {MAX_GALLERY_STEPS})")
     x.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     x.add_argument("--quiet", action="store_true", help="no line per finished run on standard error")
 
 # %% ../nbs/18_cli.ipynb #ed50f754
 def _add_run_flags(p) -> None:
+    from minitrain_inspect.course import DEFAULT_TIMEOUT, DEFAULT_WORKERS
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"time limit of each notebook in seconds (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--only", nargs="+", default=None, metavar="STEM", help="only these notebooks, e.g. 08_stats")
@@ -218,6 +239,7 @@ def staging_folder(out_dir) -> Path:
 # %% ../nbs/18_cli.ipynb #30841590
 def publish(staging: Path, out_dir: Path) -> list[Path]:
     "Move every file of `staging` into `out_dir` (Ctrl-C deferred), remove `staging`; returns the new paths."
+    from minitrain_inspect.stats import sigint_deferred
     moved = []
     with sigint_deferred():
         for item in sorted(staging.iterdir()):
@@ -229,6 +251,7 @@ def publish(staging: Path, out_dir: Path) -> list[Path]:
 # %% ../nbs/18_cli.ipynb #2c9367d7
 def train_summary(result) -> dict:
     "The JSON-ready summary of a `TrainResult`."
+    from minitrain_inspect.stats import to_jsonable
     history = result.history
     out = {
         "steps": result.config.steps,
@@ -276,6 +299,8 @@ def _print_early_stop(es: dict) -> None:
 def _train(config, inspector=None):
     """Train; through `diagnose.train` (which adds the Diagnoser) when the config asks for a diagnosis. NumPy's
     overflow warnings are silenced: a diverging run is reported once, by the loop's error or the diagnosis."""
+    import numpy as np
+    from minitrain_inspect.train import train
     with np.errstate(all="ignore"):
         if config.diagnose_every is None:
             return train(config, inspector=inspector)
@@ -294,9 +319,23 @@ def _run_train(args) -> int:
     print(json.dumps(summary, allow_nan=False)) if args.json else _print_train_text(summary)
     return 0
 
+# %% ../nbs/18_cli.ipynb #13ac24ab
+def _positive(name: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"--{name} must be at least 1, got {value}")
+    return value
+
+
+def _at_most(name: str, value: int, limit: int) -> int:
+    if value > limit:
+        raise ValueError(f"--{name} must be at most {limit} (the documented limit), got {value}")
+    return value
+
+
 # %% ../nbs/18_cli.ipynb #2470724d
 def _check_demo_flags(args) -> TrainConfig:
     "Every flag of `demo`, checked before anything is built or written; returns the run's configuration."
+    from minitrain_inspect.train import MAX_WIDTH
     config = _config(args)
     budget = args.budget
     if budget is not None and not (0 < budget < math.inf):
@@ -304,10 +343,12 @@ def _check_demo_flags(args) -> TrainConfig:
     if not args.no_benchmark:
         if args.bench_steps < 3:
             raise ValueError(f"the benchmark needs at least 3 steps, got {args.bench_steps}")
-        if args.bench_repeats < 1:
-            raise ValueError(f"--bench-repeats must be at least 1, got {args.bench_repeats}")
+        _at_most("bench-steps", args.bench_steps, MAX_BENCH_STEPS)
+        _positive("bench-repeats", args.bench_repeats)
+        _at_most("bench-repeats", args.bench_repeats, MAX_BENCH_REPEATS)
         if any(w < 1 for w in args.bench_widths):
             raise ValueError(f"--bench-widths must be positive, got {args.bench_widths}")
+        _at_most("bench-widths", max(args.bench_widths, default=1), MAX_WIDTH)
     return config
 
 # %% ../nbs/18_cli.ipynb #f6335052
@@ -323,6 +364,7 @@ def _demo_title(config, result) -> str:
 
 # %% ../nbs/18_cli.ipynb #f99adc16
 def _write_demo_files(staging: Path, config, result, summary: dict) -> None:
+    from minitrain_inspect.stats import atomic_write_text, to_jsonable
     from minitrain_inspect.dashboard import save_dashboard      # matplotlib: imported only once there is a run to draw
     history = result.inspector.history
     if getattr(result, "diagnoser", None) is not None:
@@ -348,11 +390,32 @@ def _results_note(args, config, result) -> tuple[str, dict | None]:
                    f"{config.blas_threads} BLAS thread(s); accuracy {result.accuracy['regular_val']:.3f} on held-out "
                    f"regular verbs, {result.accuracy['irregular_train']:.3f} on training irregular verbs.\n"), bench
 
+# %% ../nbs/18_cli.ipynb #31d141e0
+def new_folders(out) -> list[Path]:
+    "The folders that creating `out` would make: `out` and each missing folder above it, deepest first."
+    made, folder = [], Path(out).absolute()
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    return made
+
+
+def remove_new_folders(made: list[Path]) -> None:
+    "Remove the folders of `new_folders` that are still empty, deepest first (a folder with files in it stays)."
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:                 # not empty, or never created
+            if folder.exists():
+                return
+
 # %% ../nbs/18_cli.ipynb #3fc36415
 def _run_demo(args) -> int:
+    from minitrain_inspect.stats import atomic_write_text, sigint_deferred
     config = _check_demo_flags(args)              # every flag checked before any work...
-    staging = staging_folder(args.out)            # ...and the output folder too
+    made, staging, paths = new_folders(args.out), None, None
     try:
+        staging = staging_folder(args.out)        # ...and the output folder too
         from minitrain_inspect.speed import fast_inspector   # compiled where numba is installed
         result = _train(config, inspector=fast_inspector(budget=args.budget))
         summary = train_summary(result)
@@ -363,7 +426,10 @@ def _run_demo(args) -> int:
         paths = publish(staging, args.out)
     finally:
         with sigint_deferred():
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            if paths is None:                     # a failed run leaves no folder it made, even an empty one
+                remove_new_folders(made)
     if bench is not None:
         print(f"overhead of the Inspector (default schedules): {100 * bench['overhead']:+.1f}% "
               f"(every step {100 * bench['overhead_every_step']:+.1f}%, disabled {100 * bench['overhead_disabled']:+.1f}%)")
@@ -373,6 +439,7 @@ def _run_demo(args) -> int:
 
 # %% ../nbs/18_cli.ipynb #b2f760b7
 def _run_dashboard(args) -> int:
+    from minitrain_inspect.stats import check_output_path
     out = check_output_path(args.out)
     if not args.history.is_file():
         raise ValueError(f"no saved history at {args.history}")
@@ -384,15 +451,10 @@ def _run_dashboard(args) -> int:
 
 
 def _run_overhead(args) -> int:
+    from minitrain_inspect.overhead import overhead_command
     return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
 
 # %% ../nbs/18_cli.ipynb #62b9d526
-def _positive(name: str, value: int) -> int:
-    if value < 1:
-        raise ValueError(f"--{name} must be at least 1, got {value}")
-    return value
-
-
 def _run_release(args) -> int:
     from minitrain_inspect.course import course_notebooks, release
     out = release(args.out, force=args.force)
@@ -401,6 +463,7 @@ def _run_release(args) -> int:
 
 
 def _run_grade(args) -> int:
+    from minitrain_inspect.stats import to_jsonable
     from minitrain_inspect.course import grade
     report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
                    reference=args.reference)
@@ -492,10 +555,12 @@ def _print_gallery(rows: list, summary: dict, margins: dict, steps: int) -> None
 
 # %% ../nbs/18_cli.ipynb #8f1f3049
 def _run_diagnose(args) -> int:
+    from minitrain_inspect.stats import to_jsonable
     if not args.gallery:
         raise ValueError("diagnose needs --gallery (the only mode for now)")
-    for name, value in (("steps", args.steps), ("seeds", args.seeds), ("every", args.every)):
-        _positive(name, value)
+    for name, value, limit in (("steps", args.steps, MAX_GALLERY_STEPS), ("seeds", args.seeds, MAX_SEEDS),
+                               ("every", args.every, MAX_GALLERY_STEPS)):
+        _at_most(name, _positive(name, value), limit)
     from minitrain_inspect.diagnose import gallery_summary, healthy_margins, run_gallery
     rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every,
                        progress=None if args.quiet else _gallery_progress)
@@ -509,8 +574,13 @@ def _run_diagnose(args) -> int:
     return 0
 
 # %% ../nbs/18_cli.ipynb #a1f88319
+def _run_trace(args) -> int:
+    from minitrain_inspect.trace import trace_command
+    return trace_command(args)          # 14_trace: runs the trace, prints the table, returns the status
+
+
 COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead,
-            "trace": trace_command, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
+            "trace": _run_trace, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
             "mutants": _run_mutants, "docs": _run_docs}
 
 

@@ -17,7 +17,7 @@ _beside = Path(sys.executable).with_name("minitrain-inspect")
 SCRIPT = str(_beside) if _beside.exists() else shutil.which("minitrain-inspect")
 RUN_FILES = ["dashboard.png", "diagnosis.json", "history.jsonl", "results.md", "snapshot.json"]
 # Far more steps than the timeout allows: a command that reaches training before failing shows up as a timeout.
-FOREVER = "100000000"
+FOREVER = "10000000"
 
 
 def run(*args, timeout=300, env=None, cwd=None):
@@ -81,7 +81,7 @@ def test_inspect_flag_adds_snapshot_and_changes_nothing():
     (("--optimizer", "lbfgs"), "optimizer must be"),
     (("--steps", "many"), "invalid int value"),
     (("--hidden", "0"), "hidden width"),
-    (("--blas-threads", "0"), "blas_threads"),
+    (("--blas-threads", "0"), "--blas-threads must be at least 1"),
     (("--blas-threads", "two"), "invalid int value"),
 ])
 def test_bad_input_is_one_line(args, message):
@@ -300,8 +300,8 @@ def test_early_stop_alone_turns_a_nan_loss_into_a_clean_stop():
 
 
 @pytest.mark.parametrize("args, words", [
-    (("--diagnose-every", "0"), "diagnose_every must be at least 1"),
-    (("--diagnose-every", "-3"), "diagnose_every must be at least 1"),
+    (("--diagnose-every", "0"), "--diagnose-every must be at least 1"),
+    (("--diagnose-every", "-3"), "--diagnose-every must be at least 1"),
     (("--diagnose-every", "1.5"), "invalid int value"),
     (("--early-stop", "yes"), "unrecognized arguments"),
 ])
