@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -20,9 +21,10 @@ from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, 
 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
-           'LANE_ONE_PASS_ERROR', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring',
-           'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_moments', 'moment_lane_kernels',
-           'compiled_moments', 'compiled_squares', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
+           'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel',
+           'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_route', 'LaneKernels',
+           'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares', 'CompiledOps',
+           'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -322,14 +324,47 @@ def _block_total(sums: np.ndarray) -> float:
     "The blocks' sums added by `math.fsum` (±inf if they overflow); one block: its sum."
     return float(sums[0]) if sums.size == 1 else _fsum(sums.tolist())
 
+# %% ../nbs/10a_speed.ipynb #f26dc297
+def lane_route(sums_pass: Callable, deviation_pass: Callable) -> Callable:
+    "The lane route for one block of 2 to `LANE_BLOCK` values, as one function `one_block(values)` of the two passes."
+    def one_block(values):
+        n = values.size
+        sums, squares = np.empty(1), np.empty(1)
+        lo, hi = sums_pass(values, sums, squares)
+        total, lo, hi = sums[0], np.float64(lo), np.float64(hi)
+        if not math.isfinite(total):                   # a NaN or an inf, or a sum beyond float64
+            return False, 0.0, 0.0, 0.0, 0.0
+        if lo == hi:
+            return True, lo, 0.0, lo, hi
+        mean = min(max(total / n, lo), hi)
+        if values.itemsize == 4:                       # float32, exact squares: one pass, where it cannot cancel much
+            m2 = squares[0] - total * total / n
+            if 0.0 < m2 and squares[0] <= LANE_ONE_PASS_LIMIT * m2:
+                return True, mean, m2, lo, hi
+        if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
+            return False, 0.0, 0.0, 0.0, 0.0
+        deviation_pass(values, mean, sums, squares)
+        return True, mean, max(sums[0] - squares[0] ** 2 / n, 0.0), lo, hi   # the correction term, always
+    return one_block
+
+
+# %% ../nbs/10a_speed.ipynb #b1192723
+class LaneKernels(NamedTuple):
+    "The lane route's kernels: the two passes, and the whole route for one block (`lane_route`) as one call."
+    sums: Callable
+    deviations: Callable
+    one_block: Callable
+
+
+LANE_BODIES = LaneKernels(_sums_and_extremes, _deviation_sums, lane_route(_sums_and_extremes, _deviation_sums))
+
+
 # %% ../nbs/10a_speed.ipynb #da2a2d78
-def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
-    '''The moments of the 1-D float array `flat` (at least two values) by `kernels = (sums pass, deviation pass)`,
-    within the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
-    sums_pass, deviation_pass = kernels
+def _blocks_route(kernels: LaneKernels, flat: np.ndarray) -> TensorMoments | None:
+    "`lane_moments` over several blocks: the passes write each block's sums, `math.fsum` adds them."
     n = flat.size
     blocks = np.empty((4, -(-n // LANE_BLOCK)))
-    lo, hi = sums_pass(flat, blocks[0], blocks[1])
+    lo, hi = kernels.sums(flat, blocks[0], blocks[1])
     total = _block_total(blocks[0])
     if not math.isfinite(total):                       # a NaN or an inf, or a sum beyond float64
         return None
@@ -344,22 +379,37 @@ def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
             return TensorMoments(n, mean, m2, lo, hi)
     if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
         return None
-    deviation_pass(flat, mean, blocks[2], blocks[3])
+    kernels.deviations(flat, mean, blocks[2], blocks[3])
     m2 = _block_total(blocks[2]) - _block_total(blocks[3]) ** 2 / n   # the correction term, always
     return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
 
+
+# %% ../nbs/10a_speed.ipynb #73383561
+def lane_moments(kernels: LaneKernels, flat: np.ndarray) -> TensorMoments | None:
+    '''The moments of the 1-D float array `flat` (at least two values) by `kernels` (compiled, or `LANE_BODIES`), within
+    the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
+    if flat.size > LANE_BLOCK:
+        return _blocks_route(kernels, flat)
+    ok, mean, m2, lo, hi = kernels.one_block(flat)     # one block: one call
+    return TensorMoments(flat.size, float(mean), float(m2), float(lo), float(hi)) if ok else None
+
+
 # %% ../nbs/10a_speed.ipynb #7ddaca83
 @functools.cache
-def moment_lane_kernels():
-    "`(_sums_and_extremes, _deviation_sums)` compiled by numba (once per process, no fastmath), or None without numba."
+def moment_lane_kernels() -> LaneKernels | None:
+    "`LANE_BODIES` compiled by numba (once per process, no fastmath), or None without numba."
     numba = optional_numba()
     if numba is None:
         return None
     with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
-        arrays, sums = (numba.float32[::1], numba.float64[::1]), numba.float64[::1]
-        return (jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes),
-                jit([numba.void(a, numba.float64, sums, sums) for a in arrays])(_deviation_sums))
+        arrays, sums, f64 = (numba.float32[::1], numba.float64[::1]), numba.float64[::1], numba.float64
+        sums_pass = jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes)
+        deviation_pass = jit([numba.void(a, f64, sums, sums) for a in arrays])(_deviation_sums)
+        route = numba.types.Tuple((numba.boolean, f64, f64, f64, f64))
+        one_block = jit([route(a) for a in arrays])(lane_route(sums_pass, deviation_pass))
+        return LaneKernels(sums_pass, deviation_pass, one_block)
+
 
 # %% ../nbs/10a_speed.ipynb #cfb2c60b
 def _lane_input(x) -> bool:
@@ -382,7 +432,7 @@ def compiled_squares(x) -> float | None:
     if kernels is None:
         return None
     blocks = np.empty((2, -(-x.size // LANE_BLOCK)))
-    kernels[1](x.reshape(-1), 0.0, blocks[0], blocks[1])
+    kernels.deviations(x.reshape(-1), 0.0, blocks[0], blocks[1])
     return _block_total(blocks[0])
 
 # %% ../nbs/10a_speed.ipynb #9ee255a0
