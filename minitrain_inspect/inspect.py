@@ -105,6 +105,10 @@ class NumpyOps(NumpyNorms):
         "Unit health and the histogram of a ReLU or tanh layer's `output` (`unit_summary`, `09_panels`)."
         return unit_summary(output, kind, bins)
 
+    def spectral(self) -> SpectralNorm:
+        "A new estimator of one matrix's largest singular value, by power iteration (`SpectralNorm`, `09_panels`)."
+        return SpectralNorm()
+
 # %% ../nbs/10_inspect.ipynb #203c94c1
 EVENTS = ("on_forward", "on_grad_output", "on_grad", "on_loss", "on_step_begin", "on_step_end")
 
@@ -391,7 +395,10 @@ class SpectralPanel(Panel):
     def on_step_end(self, params) -> None:
         for name, p in params:
             if p.data.ndim == 2:
-                self.record(f"spectral/{name}/sigma", self._estimators.setdefault(name, SpectralNorm()).estimate(p.data))
+                estimator = self._estimators.get(name)
+                if estimator is None:      # one estimator per matrix, from the array interface, kept between steps
+                    estimator = self._estimators[name] = self.ops.spectral()
+                self.record(f"spectral/{name}/sigma", estimator.estimate(p.data))
 
     def reset(self) -> None:
         super().reset()

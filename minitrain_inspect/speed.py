@@ -14,17 +14,18 @@ import numpy as np
 from .core import FLOAT_DTYPES, kernel_input, optional_numba, sigint_deferred
 from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
 from .optim import SGD, Adam, Optimizer
-from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
-                                      unit_summary)
+from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, SpectralNorm, UnitHealth, _check_kind,
+                                      check_int, unit_summary)
 from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, tensor_moments,
                                      welford_update)
 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
-           'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel',
-           'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_route', 'LaneKernels',
-           'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares', 'CompiledOps',
-           'FastUpdatePanel', 'fast_inspector']
+           'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'SPECTRAL_LANES', 'squares_bound', 'subtract_measuring_numpy',
+           'subtract_kernel', 'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary',
+           'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares',
+           'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm', 'CompiledOps', 'FastUpdatePanel',
+           'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -435,6 +436,91 @@ def compiled_squares(x) -> float | None:
     kernels.deviations(x.reshape(-1), 0.0, blocks[0], blocks[1])
     return _block_total(blocks[0])
 
+# %% ../nbs/10a_speed.ipynb #a1a59d9f
+SPECTRAL_LANES = 32     # float64 partial sums of a row's products: product j goes to lane j % 32
+
+
+def half_round_bound(k: int, m: int) -> tuple[float, float]:
+    "`(a, b)`: the compiled half round's sigma is within a ‖|W||x|‖₂ + b ‖W x‖₂ of ‖W x‖₂ (k terms a value, m values)."
+    for what, v in (("k", k), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{what} must be a positive integer count, got {v!r}")
+    gamma = lambda j: j * 2.0**-53 / (1 - j * 2.0**-53)
+    return gamma(k), gamma(m + 2)
+
+
+# %% ../nbs/10a_speed.ipynb #7b90a848
+def _half_round(W, x, left, out):
+    '''Kernel body: y = W x (W.T x if `left`) for a 2-D float32 `W` and 1-D float32 `x`, summed in float64; returns
+    sigma = ‖y‖₂ (float64), and writes y / sigma into `out` (float32) where sigma is finite and not 0.'''
+    rows, cols = W.shape
+    if left:
+        y = np.zeros(cols)
+        for i in range(rows):                      # the rows in order; vectorised across the columns
+            xi = np.float64(x[i])
+            for j in range(cols):
+                y[j] += np.float64(W[i, j]) * xi
+    else:
+        y, lane, x64 = np.empty(rows), np.empty(SPECTRAL_LANES), np.empty(cols)
+        for j in range(cols):
+            x64[j] = x[j]
+        whole = cols - cols % SPECTRAL_LANES
+        for i in range(rows):
+            for k in range(SPECTRAL_LANES):
+                lane[k] = 0.0
+            for start in range(0, whole, SPECTRAL_LANES):
+                for k in range(SPECTRAL_LANES):    # a constant trip count: vectorised across the lanes
+                    lane[k] += np.float64(W[i, start + k]) * x64[start + k]
+            for j in range(whole, cols):
+                lane[j - whole] += np.float64(W[i, j]) * x64[j]
+            total = 0.0
+            for k in range(SPECTRAL_LANES):
+                total += lane[k]
+            y[i] = total
+    squares = 0.0
+    for i in range(y.size):
+        squares += y[i] * y[i]
+    sigma = math.sqrt(squares)
+    if sigma != 0.0 and math.isfinite(sigma):
+        for i in range(y.size):
+            out[i] = y[i] / sigma
+    return sigma
+
+
+# %% ../nbs/10a_speed.ipynb #117e4586
+@functools.cache
+def spectral_kernel():
+    "`_half_round` compiled by numba for float32 (once per process, on first call; no fastmath), or None without numba."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
+        vector = numba.float32[::1]
+        signature = numba.float64(numba.float32[:, ::1], vector, numba.boolean, vector)
+        return numba.njit([signature], cache=False, boundscheck=False)(_half_round)
+
+
+# %% ../nbs/10a_speed.ipynb #3772c87c
+class CompiledSpectralNorm(SpectralNorm):
+    "`SpectralNorm` with its half rounds after the warm-up by `spectral_kernel` where it applies; the plain way elsewhere."
+
+    def estimate(self, W: np.ndarray) -> float:
+        x = self._x
+        takes = (x is not None and kernel_input(W) and W.ndim == 2 and kernel_input(x)
+                 and x.shape[0] == W.shape[0 if self._left else 1])
+        kernel = spectral_kernel() if takes else None
+        if kernel is None:
+            return super().estimate(W)
+        out = np.empty(W.shape[1 if self._left else 0], np.float32)
+        sigma = kernel(W, x, self._left, out)
+        if sigma == 0.0:             # as the plain way: 0, and the vector kept
+            return 0.0
+        if not math.isfinite(sigma):
+            return super().estimate(W)   # a NaN or an overflow: the plain way, from the same vector
+        self._x, self._left = out, not self._left
+        return sigma
+
+
 # %% ../nbs/10a_speed.ipynb #9ee255a0
 class CompiledOps(NumpyOps):
     "The array interface with compiled kernels where they apply (numba); the plain NumPy ways everywhere else."
@@ -442,7 +528,7 @@ class CompiledOps(NumpyOps):
     def __init__(self):
         self.compiled = optional_numba() is not None
         if self.compiled:     # compiled now: never inside a measured step
-            unit_kernel(), subtract_kernel(), moment_lane_kernels()
+            unit_kernel(), subtract_kernel(), moment_lane_kernels(), spectral_kernel()
 
     def moments(self, state: dict, x):
         if not self.compiled:
@@ -458,6 +544,10 @@ class CompiledOps(NumpyOps):
 
     def units(self, output, kind: str, bins: int):
         return compiled_unit_summary(output, kind, bins)
+
+    def spectral(self) -> SpectralNorm:
+        "A `CompiledSpectralNorm` (the plain `SpectralNorm` without numba)."
+        return CompiledSpectralNorm() if self.compiled else SpectralNorm()
 
 # %% ../nbs/10a_speed.ipynb #d2bf86ae
 class FastUpdatePanel(UpdatePanel):

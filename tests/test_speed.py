@@ -458,6 +458,12 @@ def test_everything_about_the_lanes_works_without_numba():
                 "assert ops.moments(s, x) == tensor_moments(x) and s['n'] == 10\n"
                 "assert ops.norm(np.float32([3, 4])) == 5.0 and speed.compiled_squares(x) is None\n"
                 "assert speed.moment_lane_kernels() is None and speed.compiled_moments(x) == tensor_moments(x)\n"
+                "from minitrain_inspect.panels import SpectralNorm\n"
+                "W = np.random.default_rng(0).standard_normal((9, 7)).astype(np.float32)\n"
+                "est, plain = ops.spectral(), SpectralNorm()\n"
+                "assert type(est) is SpectralNorm and speed.spectral_kernel() is None\n"
+                "fast, slow = speed.CompiledSpectralNorm(), SpectralNorm()\n"
+                "assert [fast.estimate(W) for _ in range(3)] == [slow.estimate(W) for _ in range(3)]\n"
                 "print('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
