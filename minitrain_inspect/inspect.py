@@ -1090,7 +1090,7 @@ def optimizer_hooks(inspector) -> tuple[Callable, Callable]:
     ### BEGIN SOLUTION
     def pre_hook(optimizer, args, kwargs):
         due = inspector._due["on_grad"]     # gradients are complete now, also when several backward passes accumulated them
-        for name, param in inspector._grad_params.items():
+        for name, param in inspector._grad_params.items() if due else ():   # no gradient panel due: nothing to hand
             if inspector._live[name].active:
                 inspector._measure(due, "on_grad", name, param, param.grad)
         inspector._measure(inspector._due["on_step_begin"], "on_step_begin", inspector._update_params, optimizer)

@@ -527,13 +527,18 @@ class CompiledOps(NumpyOps):
 
     def __init__(self):
         self.compiled = optional_numba() is not None
+        self._one_block = None
         if self.compiled:     # compiled now: never inside a measured step
-            unit_kernel(), subtract_kernel(), moment_lane_kernels(), spectral_kernel()
+            unit_kernel(), subtract_kernel(), spectral_kernel()
+            self._one_block = moment_lane_kernels().one_block
 
     def moments(self, state: dict, x):
-        if not self.compiled:
-            return welford_update(state, x)
-        return fold_moments(state, compiled_moments(x))
+        "`fold_moments(state, compiled_moments(x))`; an array of one block in one compiled call, with nothing between."
+        if self._one_block is not None and _lane_input(x) and x.size <= LANE_BLOCK:
+            ok, mean, m2, lo, hi = self._one_block(x.reshape(-1))
+            if ok:
+                return fold_moments(state, TensorMoments(x.size, mean, m2, lo, hi))
+        return welford_update(state, x) if not self.compiled else fold_moments(state, compiled_moments(x))
 
     def norm(self, x) -> float:
         "‖x‖₂ within `NORM_ERROR`, by the compiled sum of squares where it applies and no square can over- or underflow."
