@@ -105,6 +105,10 @@ class NumpyOps(NumpyNorms):
         "Unit health and the histogram of a ReLU or tanh layer's `output` (`unit_summary`, `09_panels`)."
         return unit_summary(output, kind, bins)
 
+    def spectral(self) -> SpectralNorm:
+        "A new estimator of one matrix's largest singular value, by power iteration (`SpectralNorm`, `09_panels`)."
+        return SpectralNorm()
+
 # %% ../nbs/10_inspect.ipynb #203c94c1
 EVENTS = ("on_forward", "on_grad_output", "on_grad", "on_loss", "on_step_begin", "on_step_end")
 
@@ -391,7 +395,10 @@ class SpectralPanel(Panel):
     def on_step_end(self, params) -> None:
         for name, p in params:
             if p.data.ndim == 2:
-                self.record(f"spectral/{name}/sigma", self._estimators.setdefault(name, SpectralNorm()).estimate(p.data))
+                estimator = self._estimators.get(name)
+                if estimator is None:      # one estimator per matrix, from the array interface, kept between steps
+                    estimator = self._estimators[name] = self.ops.spectral()
+                self.record(f"spectral/{name}/sigma", estimator.estimate(p.data))
 
     def reset(self) -> None:
         super().reset()
@@ -1083,7 +1090,7 @@ def optimizer_hooks(inspector) -> tuple[Callable, Callable]:
     ### BEGIN SOLUTION
     def pre_hook(optimizer, args, kwargs):
         due = inspector._due["on_grad"]     # gradients are complete now, also when several backward passes accumulated them
-        for name, param in inspector._grad_params.items():
+        for name, param in inspector._grad_params.items() if due else ():   # no gradient panel due: nothing to hand
             if inspector._live[name].active:
                 inspector._measure(due, "on_grad", name, param, param.grad)
         inspector._measure(inspector._due["on_step_begin"], "on_step_begin", inspector._update_params, optimizer)

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .core import FLOAT_DTYPES, kernel_input, optional_numba, sigint_deferred
 from .inspect import DEFAULT_SCHEDULES, Inspector, NumpyOps, UpdatePanel
 from .optim import SGD, Adam, Optimizer
-from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, UnitHealth, _check_kind, check_int,
-                                      unit_summary)
+from .panels import (ACTIVATION_RANGES, SATURATION, Histogram, SpectralNorm, UnitHealth, _check_kind,
+                                      check_int, unit_summary)
 from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, tensor_moments,
                                      welford_update)
 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
-           'LANE_ONE_PASS_ERROR', 'squares_bound', 'subtract_measuring_numpy', 'subtract_kernel', 'subtract_measuring',
-           'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary', 'lane_moments', 'moment_lane_kernels',
-           'compiled_moments', 'compiled_squares', 'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
+           'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'SPECTRAL_LANES', 'squares_bound', 'subtract_measuring_numpy',
+           'subtract_kernel', 'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary',
+           'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares',
+           'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm', 'CompiledOps', 'FastUpdatePanel',
+           'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -322,14 +325,47 @@ def _block_total(sums: np.ndarray) -> float:
     "The blocks' sums added by `math.fsum` (±inf if they overflow); one block: its sum."
     return float(sums[0]) if sums.size == 1 else _fsum(sums.tolist())
 
+# %% ../nbs/10a_speed.ipynb #f26dc297
+def lane_route(sums_pass: Callable, deviation_pass: Callable) -> Callable:
+    "The lane route for one block of 2 to `LANE_BLOCK` values, as one function `one_block(values)` of the two passes."
+    def one_block(values):
+        n = values.size
+        sums, squares = np.empty(1), np.empty(1)
+        lo, hi = sums_pass(values, sums, squares)
+        total, lo, hi = sums[0], np.float64(lo), np.float64(hi)
+        if not math.isfinite(total):                   # a NaN or an inf, or a sum beyond float64
+            return False, 0.0, 0.0, 0.0, 0.0
+        if lo == hi:
+            return True, lo, 0.0, lo, hi
+        mean = min(max(total / n, lo), hi)
+        if values.itemsize == 4:                       # float32, exact squares: one pass, where it cannot cancel much
+            m2 = squares[0] - total * total / n
+            if 0.0 < m2 and squares[0] <= LANE_ONE_PASS_LIMIT * m2:
+                return True, mean, m2, lo, hi
+        if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
+            return False, 0.0, 0.0, 0.0, 0.0
+        deviation_pass(values, mean, sums, squares)
+        return True, mean, max(sums[0] - squares[0] ** 2 / n, 0.0), lo, hi   # the correction term, always
+    return one_block
+
+
+# %% ../nbs/10a_speed.ipynb #b1192723
+class LaneKernels(NamedTuple):
+    "The lane route's kernels: the two passes, and the whole route for one block (`lane_route`) as one call."
+    sums: Callable
+    deviations: Callable
+    one_block: Callable
+
+
+LANE_BODIES = LaneKernels(_sums_and_extremes, _deviation_sums, lane_route(_sums_and_extremes, _deviation_sums))
+
+
 # %% ../nbs/10a_speed.ipynb #da2a2d78
-def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
-    '''The moments of the 1-D float array `flat` (at least two values) by `kernels = (sums pass, deviation pass)`,
-    within the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
-    sums_pass, deviation_pass = kernels
+def _blocks_route(kernels: LaneKernels, flat: np.ndarray) -> TensorMoments | None:
+    "`lane_moments` over several blocks: the passes write each block's sums, `math.fsum` adds them."
     n = flat.size
     blocks = np.empty((4, -(-n // LANE_BLOCK)))
-    lo, hi = sums_pass(flat, blocks[0], blocks[1])
+    lo, hi = kernels.sums(flat, blocks[0], blocks[1])
     total = _block_total(blocks[0])
     if not math.isfinite(total):                       # a NaN or an inf, or a sum beyond float64
         return None
@@ -344,22 +380,37 @@ def lane_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
             return TensorMoments(n, mean, m2, lo, hi)
     if not _F64_SPREAD[0] <= max(hi - mean, mean - lo) <= _F64_SPREAD[1]:   # squares could over- or underflow
         return None
-    deviation_pass(flat, mean, blocks[2], blocks[3])
+    kernels.deviations(flat, mean, blocks[2], blocks[3])
     m2 = _block_total(blocks[2]) - _block_total(blocks[3]) ** 2 / n   # the correction term, always
     return TensorMoments(n, mean, max(m2, 0.0), lo, hi)
 
+
+# %% ../nbs/10a_speed.ipynb #73383561
+def lane_moments(kernels: LaneKernels, flat: np.ndarray) -> TensorMoments | None:
+    '''The moments of the 1-D float array `flat` (at least two values) by `kernels` (compiled, or `LANE_BODIES`), within
+    the bounds stated above; None where they cannot be guaranteed (then `tensor_moments` is the answer).'''
+    if flat.size > LANE_BLOCK:
+        return _blocks_route(kernels, flat)
+    ok, mean, m2, lo, hi = kernels.one_block(flat)     # one block: one call
+    return TensorMoments(flat.size, float(mean), float(m2), float(lo), float(hi)) if ok else None
+
+
 # %% ../nbs/10a_speed.ipynb #7ddaca83
 @functools.cache
-def moment_lane_kernels():
-    "`(_sums_and_extremes, _deviation_sums)` compiled by numba (once per process, no fastmath), or None without numba."
+def moment_lane_kernels() -> LaneKernels | None:
+    "`LANE_BODIES` compiled by numba (once per process, no fastmath), or None without numba."
     numba = optional_numba()
     if numba is None:
         return None
     with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
-        arrays, sums = (numba.float32[::1], numba.float64[::1]), numba.float64[::1]
-        return (jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes),
-                jit([numba.void(a, numba.float64, sums, sums) for a in arrays])(_deviation_sums))
+        arrays, sums, f64 = (numba.float32[::1], numba.float64[::1]), numba.float64[::1], numba.float64
+        sums_pass = jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes)
+        deviation_pass = jit([numba.void(a, f64, sums, sums) for a in arrays])(_deviation_sums)
+        route = numba.types.Tuple((numba.boolean, f64, f64, f64, f64))
+        one_block = jit([route(a) for a in arrays])(lane_route(sums_pass, deviation_pass))
+        return LaneKernels(sums_pass, deviation_pass, one_block)
+
 
 # %% ../nbs/10a_speed.ipynb #cfb2c60b
 def _lane_input(x) -> bool:
@@ -382,8 +433,93 @@ def compiled_squares(x) -> float | None:
     if kernels is None:
         return None
     blocks = np.empty((2, -(-x.size // LANE_BLOCK)))
-    kernels[1](x.reshape(-1), 0.0, blocks[0], blocks[1])
+    kernels.deviations(x.reshape(-1), 0.0, blocks[0], blocks[1])
     return _block_total(blocks[0])
+
+# %% ../nbs/10a_speed.ipynb #a1a59d9f
+SPECTRAL_LANES = 32     # float64 partial sums of a row's products: product j goes to lane j % 32
+
+
+def half_round_bound(k: int, m: int) -> tuple[float, float]:
+    "`(a, b)`: the compiled half round's sigma is within a ‖|W||x|‖₂ + b ‖W x‖₂ of ‖W x‖₂ (k terms a value, m values)."
+    for what, v in (("k", k), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{what} must be a positive integer count, got {v!r}")
+    gamma = lambda j: j * 2.0**-53 / (1 - j * 2.0**-53)
+    return gamma(k), gamma(m + 2)
+
+
+# %% ../nbs/10a_speed.ipynb #7b90a848
+def _half_round(W, x, left, out):
+    '''Kernel body: y = W x (W.T x if `left`) for a 2-D float32 `W` and 1-D float32 `x`, summed in float64; returns
+    sigma = ‖y‖₂ (float64), and writes y / sigma into `out` (float32) where sigma is finite and not 0.'''
+    rows, cols = W.shape
+    if left:
+        y = np.zeros(cols)
+        for i in range(rows):                      # the rows in order; vectorised across the columns
+            xi = np.float64(x[i])
+            for j in range(cols):
+                y[j] += np.float64(W[i, j]) * xi
+    else:
+        y, lane, x64 = np.empty(rows), np.empty(SPECTRAL_LANES), np.empty(cols)
+        for j in range(cols):
+            x64[j] = x[j]
+        whole = cols - cols % SPECTRAL_LANES
+        for i in range(rows):
+            for k in range(SPECTRAL_LANES):
+                lane[k] = 0.0
+            for start in range(0, whole, SPECTRAL_LANES):
+                for k in range(SPECTRAL_LANES):    # a constant trip count: vectorised across the lanes
+                    lane[k] += np.float64(W[i, start + k]) * x64[start + k]
+            for j in range(whole, cols):
+                lane[j - whole] += np.float64(W[i, j]) * x64[j]
+            total = 0.0
+            for k in range(SPECTRAL_LANES):
+                total += lane[k]
+            y[i] = total
+    squares = 0.0
+    for i in range(y.size):
+        squares += y[i] * y[i]
+    sigma = math.sqrt(squares)
+    if sigma != 0.0 and math.isfinite(sigma):
+        for i in range(y.size):
+            out[i] = y[i] / sigma
+    return sigma
+
+
+# %% ../nbs/10a_speed.ipynb #117e4586
+@functools.cache
+def spectral_kernel():
+    "`_half_round` compiled by numba for float32 (once per process, on first call; no fastmath), or None without numba."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
+        vector = numba.float32[::1]
+        signature = numba.float64(numba.float32[:, ::1], vector, numba.boolean, vector)
+        return numba.njit([signature], cache=False, boundscheck=False)(_half_round)
+
+
+# %% ../nbs/10a_speed.ipynb #3772c87c
+class CompiledSpectralNorm(SpectralNorm):
+    "`SpectralNorm` with its half rounds after the warm-up by `spectral_kernel` where it applies; the plain way elsewhere."
+
+    def estimate(self, W: np.ndarray) -> float:
+        x = self._x
+        takes = (x is not None and kernel_input(W) and W.ndim == 2 and kernel_input(x)
+                 and x.shape[0] == W.shape[0 if self._left else 1])
+        kernel = spectral_kernel() if takes else None
+        if kernel is None:
+            return super().estimate(W)
+        out = np.empty(W.shape[1 if self._left else 0], np.float32)
+        sigma = kernel(W, x, self._left, out)
+        if sigma == 0.0:             # as the plain way: 0, and the vector kept
+            return 0.0
+        if not math.isfinite(sigma):
+            return super().estimate(W)   # a NaN or an overflow: the plain way, from the same vector
+        self._x, self._left = out, not self._left
+        return sigma
+
 
 # %% ../nbs/10a_speed.ipynb #9ee255a0
 class CompiledOps(NumpyOps):
@@ -391,13 +527,18 @@ class CompiledOps(NumpyOps):
 
     def __init__(self):
         self.compiled = optional_numba() is not None
+        self._one_block = None
         if self.compiled:     # compiled now: never inside a measured step
-            unit_kernel(), subtract_kernel(), moment_lane_kernels()
+            unit_kernel(), subtract_kernel(), spectral_kernel()
+            self._one_block = moment_lane_kernels().one_block
 
     def moments(self, state: dict, x):
-        if not self.compiled:
-            return welford_update(state, x)
-        return fold_moments(state, compiled_moments(x))
+        "`fold_moments(state, compiled_moments(x))`; an array of one block in one compiled call, with nothing between."
+        if self._one_block is not None and _lane_input(x) and x.size <= LANE_BLOCK:
+            ok, mean, m2, lo, hi = self._one_block(x.reshape(-1))
+            if ok:
+                return fold_moments(state, TensorMoments(x.size, mean, m2, lo, hi))
+        return welford_update(state, x) if not self.compiled else fold_moments(state, compiled_moments(x))
 
     def norm(self, x) -> float:
         "‖x‖₂ within `NORM_ERROR`, by the compiled sum of squares where it applies and no square can over- or underflow."
@@ -408,6 +549,10 @@ class CompiledOps(NumpyOps):
 
     def units(self, output, kind: str, bins: int):
         return compiled_unit_summary(output, kind, bins)
+
+    def spectral(self) -> SpectralNorm:
+        "A `CompiledSpectralNorm` (the plain `SpectralNorm` without numba)."
+        return CompiledSpectralNorm() if self.compiled else SpectralNorm()
 
 # %% ../nbs/10a_speed.ipynb #d2bf86ae
 class FastUpdatePanel(UpdatePanel):

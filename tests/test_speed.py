@@ -298,7 +298,7 @@ from minitrain_inspect.speed import (LANE_ONE_PASS_ERROR, LANE_ONE_PASS_LIMIT, L
 from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, fold_moments, m2_error_bound, new_state,  # noqa: E402
                                      tensor_moments, welford_update)
 
-BODIES = (speed._sums_and_extremes, speed._deviation_sums)     # the kernels' bodies, uncompiled
+BODIES = speed.LANE_BODIES     # the kernels' bodies, uncompiled
 
 
 def exact_summary(x):
@@ -355,6 +355,7 @@ def test_the_compiled_passes_are_their_python_bodies_bit_for_bit(seed, n, dtype,
     x = moment_data(seed, n, dtype, offset, scale, repeats)
     kernels = moment_lane_kernels()
     assert lane_moments(kernels, x) == lane_moments(BODIES, x)
+    assert speed._blocks_route(kernels, x) == lane_moments(kernels, x)   # one block: the same arithmetic either way
     blocks = np.empty((4, 1))
     kernels[1](x, 0.0, blocks[0], blocks[1])
     BODIES[1](x, 0.0, blocks[2], blocks[3])
@@ -457,6 +458,12 @@ def test_everything_about_the_lanes_works_without_numba():
                 "assert ops.moments(s, x) == tensor_moments(x) and s['n'] == 10\n"
                 "assert ops.norm(np.float32([3, 4])) == 5.0 and speed.compiled_squares(x) is None\n"
                 "assert speed.moment_lane_kernels() is None and speed.compiled_moments(x) == tensor_moments(x)\n"
+                "from minitrain_inspect.panels import SpectralNorm\n"
+                "W = np.random.default_rng(0).standard_normal((9, 7)).astype(np.float32)\n"
+                "est, plain = ops.spectral(), SpectralNorm()\n"
+                "assert type(est) is SpectralNorm and speed.spectral_kernel() is None\n"
+                "fast, slow = speed.CompiledSpectralNorm(), SpectralNorm()\n"
+                "assert [fast.estimate(W) for _ in range(3)] == [slow.estimate(W) for _ in range(3)]\n"
                 "print('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
@@ -516,7 +523,8 @@ def test_a_disarmed_measure_leaves_the_update_to_the_optimiser():
 def test_float32_data_near_zero_takes_one_pass_and_offsets_take_two(monkeypatch):
     rng = np.random.default_rng(12)
     deviation_passes = []
-    passes = (BODIES[0], lambda *args: deviation_passes.append(1) or BODIES[1](*args))
+    counted = lambda *args: deviation_passes.append(1) or BODIES.deviations(*args)
+    passes = speed.LaneKernels(BODIES.sums, counted, speed.lane_route(BODIES.sums, counted))
     near_zero = rng.standard_normal(3000).astype(np.float32)
     offset = (1e4 + 1e-2 * rng.standard_normal(3000)).astype(np.float32)
     tm = lane_moments(passes, near_zero)
