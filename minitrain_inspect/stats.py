@@ -92,8 +92,8 @@ def _as_numeric_array(x) -> np.ndarray:
     if x.dtype.kind == "b":
         x = x.astype(np.uint8)
     if x.dtype.kind == "f" and x.dtype.itemsize > 8:    # longdouble: more range and digits than float64 holds
-        raise TypeError(f"statistics accumulate in float64 and cannot hold every {x.dtype} ({np.dtype(x.dtype).name}) "
-                        f"value exactly; convert with .astype(np.float64) first, got dtype {x.dtype}")
+        raise TypeError(f"statistics accumulate in float64, which cannot hold every longdouble value exactly; convert "
+                        f"with .astype(np.float64) first, got dtype {x.dtype}")
     return x
 
 # %% ../nbs/08_stats.ipynb #7f3de1bb

@@ -152,7 +152,7 @@ def test_the_dashboard_command_refuses_a_huge_history_in_one_line(tmp_path, caps
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:
         f.truncate(800 * 2 ** 20)
-    one_line_error(capsys, main(["dashboard", str(big), "--out", str(tmp_path / "d.png")]), "big.jsonl")
+    one_line_error(capsys, main(["dashboard", str(big), "--out", str(tmp_path / "d.png")]), "big.jsonl", "MB")
     assert not (tmp_path / "d.png").exists()
 
 
