@@ -13,6 +13,7 @@ import numbers
 import statistics
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -23,16 +24,18 @@ from .layers import Linear, ReLU, Tanh
 from .losses import SoftmaxCrossEntropy
 from .panels import unit_health
 from .stats import atomic_write_text, check_int, to_jsonable
-from .train import TrainConfig, TrainResult, blas_threads, evaluating, run_data
+from .optim import Optimizer
+from .train import RunContext, RunControl, TrainConfig, TrainResult, blas_threads, evaluating, run_data
 from .train import train as _train
 
 # %% auto #0
-__all__ = ['CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'LOWER_IS_WORSE', 'DiagnosticThresholds', 'CheckResult',
-           'DiagnosticReport', 'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan', 'probe', 'check_growth',
-           'check_gradients', 'history_nonfinite', 'check_nonfinite', 'check_dead_units', 'check_loss_spike',
-           'check_no_learning', 'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels', 'GalleryRun',
-           'gallery', 'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins', 'gallery_summary',
-           'diagnosis_cost', 'cost_lines']
+__all__ = ['CHECKS', 'WARNING_CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'TYPICAL_RATIO', 'LOWER_IS_WORSE',
+           'DiagnosticThresholds', 'CheckResult', 'DiagnosticReport', 'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan',
+           'loss_input', 'probe', 'check_growth', 'check_gradients', 'history_nonfinite', 'check_nonfinite',
+           'check_dead_units', 'check_loss_spike', 'check_no_learning', 'check_overfitting', 'check_update_ratio',
+           'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels', 'GalleryRun', 'gallery',
+           'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins', 'gallery_summary', 'diagnosis_cost',
+           'cost_lines']
 
 # %% ../nbs/15_diagnose.ipynb #97945d7c
 @dataclass(frozen=True)
@@ -47,9 +50,14 @@ class DiagnosticThresholds:
     spike_window: int = 50           # losses in the running median
     no_learning_factor: float = 0.9  # the loss must fall below no_learning_factor x its start...
     no_learning_after: int = 200     # ...within this many steps
+    overfit_rise: float = 0.10       # warning: the held-out loss more than 10% above its minimum...
+    overfit_evaluations: int = 3     # ...for this many evaluations in a row, while the training loss falls
+    ratio_band: float = 100.0        # warning: a weight's update ratio beyond 1e-3 x or / this...
+    ratio_stretch: int = 10          # ...at each of its last this-many recorded steps
 
     def __post_init__(self):
-        for name in ("growth", "grad_floor", "vanishing_ratio", "exploding_ratio", "spike_factor"):
+        for name in ("growth", "grad_floor", "vanishing_ratio", "exploding_ratio", "spike_factor", "overfit_rise",
+                     "ratio_band"):
             value = _real(getattr(self, name))
             if value is None or not 0 < value < math.inf:
                 raise ValueError(f"threshold {name} must be a positive finite number, got {getattr(self, name)!r}")
@@ -59,7 +67,8 @@ class DiagnosticThresholds:
             if value is None or not 0 < value <= 1:
                 raise ValueError(f"threshold {name} must lie in (0, 1], got {getattr(self, name)!r}")
             object.__setattr__(self, name, value)
-        for name, least in (("spike_window", 2), ("no_learning_after", 1)):
+        for name, least in (("spike_window", 2), ("no_learning_after", 1), ("overfit_evaluations", 1),
+                            ("ratio_stretch", 1)):
             object.__setattr__(self, name, check_int(getattr(self, name), f"threshold {name}", least))
         if self.vanishing_ratio >= self.exploding_ratio:
             raise ValueError(f"vanishing_ratio ({self.vanishing_ratio}) must be below exploding_ratio "
@@ -92,7 +101,8 @@ class CheckResult(NamedTuple):
 
 
 CHECKS = ("hidden_norm_growth", "gradient_floor", "vanishing_gradient", "exploding_gradient", "non_finite",
-          "dead_units", "loss_spike", "no_learning")
+          "dead_units", "loss_spike", "no_learning", "overfitting", "update_ratio")
+WARNING_CHECKS = ("overfitting", "update_ratio")   # signs to watch, not a broken run: they warn, never fail
 
 # %% ../nbs/15_diagnose.ipynb #dbc23131
 NONFINITE_JSON = {"Infinity": math.inf, "-Infinity": -math.inf}
@@ -140,8 +150,10 @@ class DiagnosticReport:
 
     @property
     def verdict(self) -> str:
-        "'failing' if any check fired, else 'trustworthy'."
-        return "failing" if self.fired else "trustworthy"
+        "'failing' if a check that is not a warning fired, else 'warning' if a warning fired, else 'trustworthy'."
+        if any(c.name not in WARNING_CHECKS for c in self.fired):
+            return "failing"
+        return "warning" if self.fired else "trustworthy"
 
     @property
     def reasons(self) -> list:
@@ -251,6 +263,12 @@ class ProbePlan(NamedTuple):
             raise ValueError("diagnose needs a trunk with at least one Linear layer")
         return cls(trunk, acts, linears, list(model.named_parameters()), _hook_tables(model))
 
+# %% ../nbs/15_diagnose.ipynb #7772ed52
+def loss_input(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The model's output shaped for the loss: `(..., classes)` beside integer class targets (the past-tense model's
+    flat logits), the targets' own shape beside real-valued ones (a regression)."""
+    return logits.reshape(*targets.shape, -1) if targets.dtype.kind in "iu" else logits.reshape(targets.shape)
+
 # %% ../nbs/15_diagnose.ipynb #ad3e1207
 def _probe_pass(model: Module, inputs: np.ndarray, targets: np.ndarray, loss_fn: Module,
                 plan: ProbePlan) -> tuple[dict, np.ndarray, float, dict]:
@@ -267,7 +285,7 @@ def _probe_pass(model: Module, inputs: np.ndarray, targets: np.ndarray, loss_fn:
             for _, p in plan.params:
                 p.grad = np.zeros_like(p.data)
             logits = model(inputs)
-            out = loss_fn(logits.reshape(*targets.shape, -1), targets)
+            out = loss_fn(loss_input(logits, targets), targets)
             model.backprop(loss_fn.backward().reshape(logits.shape))
             grads = {name: p.grad for name, p in plan.params}
         finally:
@@ -414,6 +432,52 @@ def check_no_learning(losses: Sequence[float], steps: int, th: DiagnosticThresho
                        f"after {steps} steps the {what} loss is {value:.2f}x its start (>= {th.no_learning_factor:g}x)"
                        if fired else "")
 
+# %% ../nbs/15_diagnose.ipynb #1a87d30b
+def _median_before(losses: Sequence[float], end: int, window: int = 25) -> float:
+    "The median of the finite training losses among the `window` before position `end`; NaN if there are none."
+    recent = [x for x in losses[max(end - window, 0):end] if math.isfinite(x)]
+    return statistics.median(recent) if recent else math.nan
+
+
+def check_overfitting(held_out: Sequence[tuple[int, float]], losses: Sequence[float],
+                      th: DiagnosticThresholds) -> CheckResult:
+    """Warning: the held-out loss above its minimum by more than `th.overfit_rise` at each of the last
+    `th.overfit_evaluations` evaluations, while the training loss fell. `held_out` lists `(position, loss)`, the
+    position being how many training losses were recorded when the evaluation ran."""
+    values = [(at, v) for at, v in held_out if math.isfinite(v)]
+    k = th.overfit_evaluations
+    if len(values) <= k:
+        return CheckResult("overfitting", math.nan, th.overfit_rise, False, "")
+    best = min(range(len(values)), key=lambda j: values[j][1])
+    low, last = values[best][1], values[-k:]
+    rise = last[-1][1] / low - 1 if low > 0 else math.nan
+    above = best < len(values) - k and all(v > (1 + th.overfit_rise) * low for _, v in last)
+    falling = _median_before(losses, last[-1][0]) < _median_before(losses, values[best][0])
+    fired = bool(above and falling)
+    return CheckResult("overfitting", rise, th.overfit_rise, fired,
+                       f"the held-out loss has been above its minimum {low:.3g} by more than {th.overfit_rise:.0%} for "
+                       f"{k} evaluations (now {last[-1][1]:.3g}) while the training loss fell" if fired else "")
+
+# %% ../nbs/15_diagnose.ipynb #38a02011
+TYPICAL_RATIO = 1e-3      # the update-to-weight ratio commonly seen in healthy training
+
+
+def check_update_ratio(history, th: DiagnosticThresholds) -> CheckResult:
+    """Warning: a weight matrix whose recorded update ratio is beyond `th.ratio_band` x or / `TYPICAL_RATIO` at each
+    of its last `th.ratio_stretch` recorded steps (from an Inspector's history; nothing to say without one)."""
+    worst, name = math.nan, None
+    for param in (history.names("updates") if history is not None else []):
+        ratios = history.get(f"updates/{param}/ratio")[1][-th.ratio_stretch:]
+        if not param.endswith("weight") or len(ratios) < th.ratio_stretch or not np.isfinite(ratios).all():
+            continue
+        off = float(np.min(np.abs(np.log10(np.maximum(ratios, 1e-300) / TYPICAL_RATIO))))  # the closest it came
+        if not off <= worst:
+            worst, name = off, param
+    fired = name is not None and worst > math.log10(th.ratio_band)
+    return CheckResult("update_ratio", worst, math.log10(th.ratio_band), fired,
+                       f"{name}'s update ratio stayed more than {th.ratio_band:g}x away from {TYPICAL_RATIO:g} for "
+                       f"its last {th.ratio_stretch} recorded steps" if fired else "")
+
 # %% ../nbs/15_diagnose.ipynb #e954c81e
 def _checked_thresholds(thresholds) -> DiagnosticThresholds:
     th = DiagnosticThresholds() if thresholds is None else thresholds
@@ -433,9 +497,11 @@ def _checked_batch(inputs, targets) -> tuple[np.ndarray, np.ndarray]:
 def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: int = 0, losses: Sequence[float] | None = None,
              new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
              thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
-             plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1) -> DiagnosticReport:
-    """Run the protocol on the fixed batch `inputs`/`targets` and the losses so far; returns a `DiagnosticReport`. The
-    probe runs under `threads` BLAS threads."""
+             plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1,
+             held_out: Sequence[tuple[int, float]] = ()) -> DiagnosticReport:
+    """Run the protocol on the fixed batch `inputs`/`targets`, the losses so far and the held-out evaluations so far
+    (`(position, loss)`, see `check_overfitting`); returns a `DiagnosticReport`. The probe runs under `threads` BLAS
+    threads."""
     start = clock()
     th = _checked_thresholds(thresholds)
     plan = ProbePlan.of(model) if plan is None else plan
@@ -449,7 +515,8 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
     checks = [check_growth(pr, th), *check_gradients(pr, th),
               check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
-              check_no_learning(losses, step, th, pr.loss, start_eval_loss)]
+              check_no_learning(losses, step, th, pr.loss, start_eval_loss),
+              check_overfitting(held_out, losses, th), check_update_ratio(history, th)]
     report = DiagnosticReport(step, checks, eval_loss=pr.loss)
     report.seconds = clock() - start
     return report
@@ -461,7 +528,7 @@ class _DiagnoserState:
     diagnoses = True    # tells `train` that this observer serves `TrainConfig.diagnose_every`
 
     def __init__(self, thresholds: DiagnosticThresholds | None = None, *, eval_size: int = 32, history=None,
-                 every: int | None = None):
+                 every: int | None = None, stop_on_warning: bool = False):
         self.thresholds = _checked_thresholds(thresholds)
         self.eval_size = check_int(eval_size, "eval_size", 1)
         self.every_given = None if every is None else check_int(every, "every", 1)
@@ -469,6 +536,9 @@ class _DiagnoserState:
         self.history = history
         self.reports: list[DiagnosticReport] = []
         self.run, self.active, self.stopped_at = None, False, None
+        self.stop_on_warning = bool(stop_on_warning)   # early stop acts on 'failing' only, unless asked
+        self.held_out: list[tuple[int, float]] = []    # (training losses so far, held-out loss) of each evaluation
+        self._handles: list = []
 
     @property
     def failing(self) -> list:
@@ -476,14 +546,28 @@ class _DiagnoserState:
         return [r for r in self.reports if r.verdict == "failing"]
 
     @property
+    def warned(self) -> list:
+        "The reports whose verdict is warning."
+        return [r for r in self.reports if r.verdict == "warning"]
+
+    @property
     def verdict(self) -> str | None:
-        "The run's verdict: 'failing' from the first failing report on, 'trustworthy' if none failed, None before any."
-        return None if not self.reports else "failing" if self.failing else "trustworthy"
+        """The run's verdict: 'failing' from the first failing report on, else 'warning' if a report warned, else
+        'trustworthy'; None before any report."""
+        if not self.reports:
+            return None
+        return "failing" if self.failing else "warning" if self.warned else "trustworthy"
 
     @property
     def reasons(self) -> list:
-        "The reasons of the first failing report."
-        return self.failing[0].reasons if self.failing else []
+        "The reasons of the first failing report, else those of the latest warning."
+        return self.failing[0].reasons if self.failing else self.warned[-1].reasons if self.warned else []
+
+    @property
+    def should_stop(self) -> bool:
+        "True once a diagnosis asked the run to stop (a failing one, with early stop on): `if d.should_stop: break`."
+        control = getattr(self.run, "control", None)
+        return bool(control is not None and control.stop_requested)
 
 # %% ../nbs/15_diagnose.ipynb #a9928c5e
 def _evaluation_batch(run, eval_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -502,11 +586,25 @@ class _DiagnoserRun(_DiagnoserState):
         if self.active:
             raise ValueError("this Diagnoser is watching a run that has not ended; a Diagnoser watches one run at a "
                              "time: give each concurrent run its own Diagnoser()")
+        self._start(run, *_evaluation_batch(run, self.eval_size), SoftmaxCrossEntropy())
+
+    def _start(self, run, inputs: np.ndarray, targets: np.ndarray, probe_loss: Module) -> None:
+        "Start watching `run` with this evaluation batch and probe loss; hear the run's held-out evaluations."
         self.every = self.every_given or getattr(run.config, "diagnose_every", None)
         self.active, self.stopped_at = True, None
-        self.inputs, self.targets = _evaluation_batch(run, self.eval_size)
-        self.run, self.plan, self.loss_fn = run, ProbePlan.of(run.model), SoftmaxCrossEntropy()
+        self.inputs, self.targets = inputs, targets
+        self.run, self.plan, self.loss_fn = run, ProbePlan.of(run.model), probe_loss
         self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
+        self.held_out, self._step_losses, self._plain = [], [], False
+        if isinstance(run.loss_fn, Module):
+            self._handles.append(run.loss_fn.register_forward_hook(self._hear_loss))
+
+    def _hear_loss(self, module, args, kwargs, out) -> None:
+        "Loss hook: a loss computed in eval mode is a held-out evaluation; on a plain loop, a training loss too."
+        if not module.training:
+            self.held_out.append((len(self.losses), float(out.loss)))
+        elif self._plain:
+            self._step_losses.append(float(out.loss))
 
     def _diagnose_now(self, step: int) -> DiagnosticReport:
         "Diagnose the model after `step` updates, report to the run's control, and ask it to stop if so configured."
@@ -516,12 +614,15 @@ class _DiagnoserRun(_DiagnoserState):
         report = diagnose(self.run.model, self.inputs, self.targets, step=step, losses=self.losses,
                           new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
                           history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
-                          loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1))
+                          loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1),
+                          held_out=self.held_out)
         if not self.reports:
             self.start_eval_loss = report.eval_loss
         self.reports.append(report)
         self.last_step = step
         self._tell_control(report, step)
+        if self.history is not None:
+            self.history.meta["diagnosis"] = self.summary()     # the dashboard's banner, also while the run goes on
         return report
 
     def _tell_control(self, report: DiagnosticReport, step: int) -> None:
@@ -529,8 +630,9 @@ class _DiagnoserRun(_DiagnoserState):
         if control is None:
             return
         control.report(self.verdict, self.reasons)
-        if report.verdict == "failing" and getattr(self.run.config, "early_stop", False):
-            control.request_stop(report.reasons)
+        stops = report.verdict == "failing" or (report.verdict == "warning" and self.stop_on_warning)
+        if stops and getattr(self.run.config, "early_stop", False):
+            control.request_stop(report.reasons, report.verdict)
             if self.stopped_at is None and step < self.run.config.steps:
                 self.stopped_at = step              # the loop ends here: `step` steps run, no update after
 
@@ -555,13 +657,56 @@ class _DiagnoserSchedule(_DiagnoserRun):
             self._diagnose_now(step + 1)
         ### END SOLUTION
 
+# %% ../nbs/15_diagnose.ipynb #cf3254f0
+class _DiagnoserLoop(_DiagnoserSchedule):
+    "The Diagnoser on a plain loop: the optimiser's step hooks, the user's evaluation batch, and `every`."
+
+    def attach(self, model: Module, optimizer: Optimizer, loss_fn: Module, inputs, targets, *,
+               early_stop: bool = True, threads: int = 1):
+        """Watch a plain loop: diagnose `model` on the fixed batch `inputs`/`targets` every `every` optimiser steps,
+        hearing the losses of `loss_fn`. Returns self; `with diagnoser.attach(...):` detaches at the end."""
+        if not isinstance(optimizer, Optimizer) or not isinstance(loss_fn, Module):
+            raise TypeError(f"attach needs an Optimizer and a loss Module, got {type(optimizer).__name__} and "
+                            f"{type(loss_fn).__name__}")
+        if self.every_given is None:
+            raise ValueError("a Diagnoser on a plain loop needs every=N, for example Diagnoser(every=50)")
+        config = SimpleNamespace(steps=math.inf, seed=0, diagnose_every=self.every_given, early_stop=bool(early_stop),
+                                 blas_threads=check_int(threads, "threads", 1))
+        self._start(RunContext(model, optimizer, loss_fn, config, None, RunControl()),
+                    *_checked_batch(inputs, targets), type(loss_fn)())
+        self.step, self._plain = 0, True
+        self._handles += [optimizer.register_step_pre_hook(self._before_update),
+                          optimizer.register_step_post_hook(self._after_update)]
+        return self
+
+    def _before_update(self, optimizer, args, kwargs) -> None:
+        self.before_step(self.step, None)
+
+    def _after_update(self, optimizer, args, kwargs) -> None:
+        losses, self._step_losses = self._step_losses or [math.nan], []
+        self.after_step(self.step, sum(losses) / len(losses))
+        self.step += 1
+
+    def detach(self) -> None:
+        "Stop watching: remove the hooks and store the summary (as `end_run`)."
+        self.end_run()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.detach()
+
 # %% ../nbs/15_diagnose.ipynb #958575aa
-class Diagnoser(_DiagnoserSchedule):
+class Diagnoser(_DiagnoserLoop):
     "Observer for `train`: runs `diagnose` every `config.diagnose_every` steps; with `config.early_stop`, stops a failing run."
 
     def end_run(self) -> None:
         "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
         self.active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         if self.history is not None and self.reports:
             self.history.meta["diagnosis"] = self.summary()
 
@@ -569,12 +714,13 @@ class Diagnoser(_DiagnoserSchedule):
         "The run's diagnosis, JSON-ready: verdict, reasons, first failing step, the checks fired at each step, every report."
         config = getattr(self.run, "config", None)
         fired = [{"step": r.step, "checks": [c.name for c in r.fired], "reasons": r.reasons} for r in self.failing]
+        warned = [{"step": r.step, "checks": [c.name for c in r.fired], "reasons": r.reasons} for r in self.warned]
         return to_jsonable({"verdict": self.verdict, "reasons": self.reasons,
                             "step": self.failing[0].step if self.failing else None, "every": self.every,
                             "early_stop": bool(getattr(config, "early_stop", False)),
                             "planned_steps": getattr(config, "steps", None), "stopped_at": self.stopped_at,
                             "eval_size": len(self.targets) if self.run is not None else self.eval_size,
-                            "fired": fired, "thresholds": self.thresholds.to_dict(),
+                            "fired": fired, "warned": warned, "thresholds": self.thresholds.to_dict(),
                             "reports": [r.to_dict() for r in self.reports]})
 
     def save(self, path) -> None:

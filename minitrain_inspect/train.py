@@ -275,7 +275,7 @@ class TrainResult:
     early_stop: EarlyStop = field(default_factory=EarlyStop)
 
 # %% ../nbs/07_train.ipynb #e1f7766c
-VERDICTS = ("trustworthy", "failing")
+VERDICTS = ("trustworthy", "warning", "failing")
 
 
 class RunControl:
@@ -285,7 +285,7 @@ class RunControl:
         self.verdict, self.reasons, self.stop_requested = None, [], False
 
     def report(self, verdict: str, reasons: Iterable[str] = ()) -> None:
-        "Record the latest verdict on the run ('trustworthy' or 'failing') and the reasons for it."
+        "Record the latest verdict on the run ('trustworthy', 'warning' or 'failing') and the reasons for it."
         if verdict not in VERDICTS:
             raise ValueError(f"a verdict is one of {VERDICTS}, got {verdict!r}")
         if isinstance(reasons, str):
