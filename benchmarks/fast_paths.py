@@ -1,8 +1,8 @@
-"""Per-call cost of the Inspector's measurements, old against new: the moments of one tensor (`tensor_moments`,
-08_stats's compiled `one_pass_moments` where it still exists, the speed chapter's lanes `compiled_moments`), the
-running fold (`NumpyOps.moments` against `CompiledOps.moments`) and the norm (`NumpyOps.norm` against
-`CompiledOps.norm`), and the spectral panel's half round of power iteration (`SpectralNorm.estimate`, float32 `einsum`,
-against `CompiledSpectralNorm.estimate`, float64 sums), with a copy of the same array for scale.
+"""Per-call cost of the Inspector's measurements, plain against compiled: the moments of one tensor (`tensor_moments`,
+08_stats's one exact way, against the speed chapter's lanes `compiled_moments`), the running fold (`NumpyOps.moments`
+against `CompiledOps.moments`) and the norm (`NumpyOps.norm` against `CompiledOps.norm`), and the spectral panel's half
+round of power iteration (`SpectralNorm.estimate`, float64 `einsum`, against `CompiledSpectralNorm.estimate`, float64
+sums), with a copy of the same array for scale.
 
 Medians of interleaved repeats, with the 10th and 90th percentiles; BLAS pinned to one thread (threadpoolctl), although
 none of these calls uses BLAS. Prints the machine's load average: the figures are only comparable within one run.
@@ -18,7 +18,6 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from minitrain_inspect import stats
 from minitrain_inspect.inspect import NumpyOps
 from minitrain_inspect.panels import SpectralNorm
 from minitrain_inspect.speed import CompiledOps, CompiledSpectralNorm, compiled_moments
@@ -37,8 +36,6 @@ def candidates(x, plain, fast):
     plain_sigma, fast_sigma = SpectralNorm(), CompiledSpectralNorm()
     calls["SpectralNorm.estimate"] = lambda: plain_sigma.estimate(x)          # the first call warms up (30 rounds)
     calls["CompiledSpectralNorm.estimate"] = lambda: fast_sigma.estimate(x)
-    if hasattr(stats, "one_pass_moments"):                  # 08_stats's compiled moments, while they exist
-        calls["08 one_pass_moments"] = lambda: stats.one_pass_moments(x)
     return calls
 
 

@@ -460,8 +460,8 @@ class SpectralNorm:
         with np.errstate(over="ignore", invalid="ignore"):   # overflow is detected below, and handled
             sigma, x = power_iteration(W, self._x, self._left, steps)
         if not math.isfinite(sigma) and all_finite(W):
-            # Finite weights whose products overflow float32 (sigma above about 1.8e19): iterate on W / 2**k in
-            # float64, which is exact scaling, and scale the answer back. A huge norm is a number, never a gap.
+            # Finite float64 weights whose products or squares overflow float64: iterate on W / 2**k, which is exact
+            # scaling, and scale the answer back. A huge norm is a number, never a gap.
             k = math.frexp(float(np.abs(W).max()))[1]
             sigma, x = power_iteration(np.ldexp(W.astype(np.float64), -k), self._x.astype(np.float64), self._left, steps)
             sigma = min(math.ldexp(sigma, k), FLOAT64_MAX)
@@ -476,7 +476,7 @@ def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tup
     ### BEGIN SOLUTION
     sigma = 0.0
     for _ in range(steps):
-        y = np.einsum("ji,j->i" if left else "ij,j->i", W, x, optimize=False)   # never BLAS
+        y = np.einsum("ji,j->i" if left else "ij,j->i", W, x, dtype=np.float64, optimize=False)  # float64, never BLAS
         sigma = math.sqrt(sum_of_squares(y))
         if sigma == 0.0 or not math.isfinite(sigma):
             return (sigma, None) if math.isfinite(sigma) else (math.nan, None)

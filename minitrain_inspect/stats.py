@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import operator
 import os
@@ -15,19 +14,19 @@ import shutil
 import stat
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from .core import kernel_input, optional_numba, sigint_deferred
+from .core import sigint_deferred
 
 # %% auto #0
 __all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON_DEPTH', 'check_int', 'float64_sum',
            'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments',
-           'moment_kernels', 'one_pass_moments', 'merge_moments', 'new_state', 'fold_moments', 'welford_update',
-           'merge', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text',
-           'replace_folder']
+           'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge', 'one_pass_moments', 'to_jsonable',
+           'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -299,98 +298,6 @@ def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     m2, exp = _normalize(*_deviation_m2(flat, mean, lo, hi, scratch))
     return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan, exp)
 
-# %% ../nbs/08_stats.ipynb #4fd8c3e8
-def _sum_blocks(values, bits):
-    """Kernel body (numba compiles it, free to add a block in any order; it runs as plain Python too): for each block of
-    `_BLOCK` values of the 1-D float32 array `values`, the float64 sums of the values and of their squares; and the
-    least and greatest value, from `bits` (the same memory read as int32) as integer keys that sort like the floats."""
-    n = values.size
-    sums, squares = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
-    lo, hi = np.int32(2147483647), np.int32(-2147483648)
-    shift, magnitude = np.int32(31), np.int32(0x7FFFFFFF)
-    for b in range(sums.size):
-        block, block_bits = values[b * _BLOCK:(b + 1) * _BLOCK], bits[b * _BLOCK:(b + 1) * _BLOCK]  # (a slice vectorises)
-        total, square = 0.0, 0.0
-        for i in range(block.size):
-            v = np.float64(block[i])
-            total += v
-            square += v * v                      # exact: a float32 squared fits in float64
-            # every step cast back to int32, or numba widens to int64 and the minimum no longer vectorises
-            key = np.int32(block_bits[i] ^ np.int32(np.int32(block_bits[i] >> shift) & magnitude))
-            lo, hi = np.int32(min(lo, key)), np.int32(max(hi, key))
-        sums[b], squares[b] = total, square
-    ends = np.empty(2, np.int32)
-    ends[0], ends[1] = lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)   # the map is its own inverse
-    lowest, highest = ends.view(np.float32)
-    return sums, squares, float(lowest), float(highest)
-
-# %% ../nbs/08_stats.ipynb #9ccc4aa5
-def _deviation_blocks(values, mean):
-    """Kernel body, compiled without fastmath: for each block of `_BLOCK` values of the 1-D float32 array `values`, the
-    float64 sums of (value - mean)**2 and of (value - mean), in four running sums each."""
-    n = values.size
-    squares, deviations = np.zeros((n + _BLOCK - 1) // _BLOCK), np.zeros((n + _BLOCK - 1) // _BLOCK)
-    for b in range(squares.size):
-        block, i = values[b * _BLOCK:(b + 1) * _BLOCK], 0
-        q0, q1, q2, q3, t0, t1, t2, t3 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        while i + 4 <= block.size:
-            d0, d1 = float(block[i]) - mean, float(block[i + 1]) - mean
-            d2, d3 = float(block[i + 2]) - mean, float(block[i + 3]) - mean
-            q0, q1, q2, q3 = q0 + d0 * d0, q1 + d1 * d1, q2 + d2 * d2, q3 + d3 * d3
-            t0, t1, t2, t3 = t0 + d0, t1 + d1, t2 + d2, t3 + d3
-            i += 4
-        while i < block.size:
-            d0 = float(block[i]) - mean
-            q0, t0, i = q0 + d0 * d0, t0 + d0, i + 1
-        squares[b], deviations[b] = (q0 + q1) + (q2 + q3), (t0 + t1) + (t2 + t3)
-    return squares, deviations
-
-# %% ../nbs/08_stats.ipynb #56b96106
-def _compiled_moments(kernels, flat: np.ndarray) -> TensorMoments | None:
-    """The moments of the 1-D float32 array `flat` (at least two values) by the kernels `(sum_blocks,
-    deviation_blocks)`, compiled or not; None when a value is NaN or ±inf (the NumPy path counts them apart)."""
-    sum_blocks, deviation_blocks = kernels
-    sums, squares, lo, hi = sum_blocks(flat, flat.view(np.int32))
-    total, n = _fsum(sums.tolist()), flat.size
-    if not math.isfinite(total):
-        return None
-    if lo == hi:
-        return TensorMoments(n, lo, 0.0, lo, hi)
-    mean = min(max(total / n, lo), hi)
-    m2 = _one_pass_m2(_fsum(squares.tolist()), total, n)
-    if m2 is None:                                   # the mean sits far from zero: the deviations, corrected
-        squares, deviations = deviation_blocks(flat, mean)
-        m2 = max(_fsum(squares.tolist()) - _fsum(deviations.tolist()) ** 2 / n, 0.0)
-    return TensorMoments(n, mean, m2, lo, hi)
-
-# %% ../nbs/08_stats.ipynb #553f4987
-@functools.cache
-def moment_kernels():
-    """`(sum_blocks, deviation_blocks)`, the two kernel bodies compiled by numba for 1-D contiguous float32 arrays,
-    the first time they are asked for (once per process); None when numba is not installed (the extra `fast`)."""
-    numba = optional_numba()
-    if numba is None:
-        return None
-    # A Ctrl-C inside LLVM's compiler is raised in a ctypes callback, which drops it: `sigint_deferred` (`00_core`)
-    # holds it until the compilation ends.
-    with sigint_deferred():
-        values, jit = numba.float32[::1], functools.partial(numba.njit, cache=False, boundscheck=False)
-        any_order = jit([(values, numba.int32[::1])], fastmath={"reassoc", "contract"})(_sum_blocks)  # sums only
-        return any_order, jit([(values, numba.float64)])(_deviation_blocks)     # no fastmath: the order written
-
-# %% ../nbs/08_stats.ipynb #ea4771b8
-def one_pass_moments(x) -> TensorMoments:
-    """`tensor_moments(x)` by the compiled kernels where numba is installed and `x` is a contiguous, writeable float32
-    array of at least two finite values: within the same bounds, not bit for bit. Any other input, or without
-    numba: `tensor_moments(x)` itself."""
-    if kernel_input(x) and x.size > 1:
-        kernels = moment_kernels()
-        if kernels is not None:
-            summary = _compiled_moments(kernels, x.reshape(-1))
-            if summary is not None:
-                return summary
-    return tensor_moments(x)
-
 # %% ../nbs/08_stats.ipynb #fa970dc1
 def _merge_extreme(a: TensorMoments, b: TensorMoments, n: int, delta: float) -> tuple[float, float, int]:
     "Chan's merge for summaries at the ends of float64's range: (mean, m2, m2_exp), computed in units of 2**w."
@@ -492,10 +399,13 @@ def fold_moments(state: dict, tm: TensorMoments) -> TensorMoments:
     return tm
 
 # %% ../nbs/08_stats.ipynb #494399d0
-def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool = False) -> TensorMoments:
+def welford_update(state: dict, x, scratch: np.ndarray | None = None, *, fast: bool | None = None) -> TensorMoments:
     """Fold tensor `x` into `state` (in place; missing keys are initialised). Returns the moments of `x` itself.
-    `fast=True` measures `x` by the compiled kernels where they apply (`one_pass_moments`): the same bounds."""
-    return fold_moments(state, one_pass_moments(x) if fast else tensor_moments(x, scratch))
+    `fast` is deprecated and ignored (see the end of this section)."""
+    if fast is not None:
+        _deprecated("welford_update(fast=...)", "it is ignored: the statistics are measured one exact way here, and "
+                    "the compiled kernels live in minitrain_inspect.speed (fast_inspector)")
+    return fold_moments(state, tensor_moments(x, scratch))
 
 # %% ../nbs/08_stats.ipynb #d62d80a4
 def merge(a: dict, b: dict) -> dict:
@@ -512,6 +422,18 @@ def merge(a: dict, b: dict) -> dict:
     out["l2_mean"] = (a["l2_mean"] * (a["l2_tensors"] / l2_tensors) + b["l2_mean"] * (b["l2_tensors"] / l2_tensors)
                       if l2_tensors else 0.0)
     return out
+
+# %% ../nbs/08_stats.ipynb #64d9ab48
+def _deprecated(what: str, instead: str) -> None:
+    "Warn, once per call site, that `what` is deprecated and goes in the next release; `instead` says what to do."
+    warnings.warn(f"{what} is deprecated and will be removed in the next release: {instead}", DeprecationWarning,
+                  stacklevel=3)
+
+
+def one_pass_moments(x) -> TensorMoments:
+    "Deprecated alias of `tensor_moments(x)`, for one release."
+    _deprecated("one_pass_moments", "use tensor_moments (the compiled kernels live in minitrain_inspect.speed)")
+    return tensor_moments(x)
 
 # %% ../nbs/08_stats.ipynb #7b81c2bf
 MAX_JSON_DEPTH = 100   # the deepest nesting `to_jsonable` converts (and a saved history's metadata may have)

@@ -1,12 +1,13 @@
 """Issue 19, §1: every statistic of `08_stats` against exact rational arithmetic on the same values, within the error
 bounds the notebook states (`SUM_ERROR`, `MEAN_ERROR`, `m2_error_bound`), which hold on any IEEE machine whatever
 BLAS kernel is in force: hard data, running merges, merge order and chunking (hypothesis); no statistic through BLAS;
-numba imported only when the kernels are first asked for; the kernels' Python bodies in step with the NumPy path."""
+the statistics never import numba (the compiled kernels live in `10a_speed`); the deprecated names still work."""
 import ast
 import inspect as pyinspect
 import math
 import subprocess
 import sys
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -15,13 +16,10 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minitrain_inspect import stats
-from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, _block_sums, _compiled_moments,
-                                     _deviation_blocks, _moments_of, _sum_blocks, float64_sum, m2_error_bound, merge,
-                                     merge_moments, new_state, one_pass_moments, sum_of_squares, tensor_moments,
-                                     welford_update)
+from minitrain_inspect.stats import (MEAN_ERROR, SUM_ERROR, TensorMoments, _moments_of, float64_sum, m2_error_bound,
+                                     merge, merge_moments, new_state, sum_of_squares, tensor_moments, welford_update)
 
 U = 2.0 ** -53
-PLAIN_KERNELS = (_sum_blocks, _deviation_blocks)     # the kernel bodies, run as plain Python (no numba needed)
 
 
 def exact_stats(values) -> tuple[Fraction, Fraction, Fraction]:
@@ -107,28 +105,16 @@ def test_tensor_moments_within_the_bounds_on_hard_data(what):
     check_exact(tensor_moments(HARD[what]), HARD[what])
 
 
-@pytest.mark.parametrize("what", [k for k, v in HARD.items() if v.dtype == np.float32])
-def test_the_kernel_bodies_within_the_bounds_uncompiled(what):
-    "The compiled path's Python bodies, run without numba, on the same hard float32 data (first 6,000 values)."
-    values = np.ascontiguousarray(HARD[what].reshape(-1)[:6000])
-    check_exact(_compiled_moments(PLAIN_KERNELS, values), values)
-
-
-@pytest.mark.parametrize("what", [k for k, v in HARD.items() if v.dtype == np.float32])
-def test_one_pass_moments_within_the_bounds(what):
-    check_exact(one_pass_moments(HARD[what]), HARD[what])                    # compiled where numba is installed
-
-
 def test_nan_inf_and_empty():
     x = np.concatenate([HARD["1e8 + N(0, 1), float64"][:1000], [np.nan, np.inf, -np.inf, np.nan]])
-    for tm in (tensor_moments(x), tensor_moments(x.astype(np.float32)), one_pass_moments(x.astype(np.float32))):
+    for tm in (tensor_moments(x), tensor_moments(x.astype(np.float32))):
         assert (tm.nonfinite, tm.nan) == (4, 2)
     check_exact(tensor_moments(x), x[:1000])
     for empty in (np.zeros(0), np.zeros((0, 3), np.float32), np.full(4, np.nan)):
         tm = tensor_moments(empty)
         assert tm.n == 0 and tm.m2 == 0.0 and math.isnan(tm.l2) and math.isnan(tm.std)
         state = new_state()
-        welford_update(state, empty, fast=True)
+        welford_update(state, empty)
         assert state["n"] == 0 and state["mean"] == 0.0
 
 
@@ -145,11 +131,10 @@ def test_running_merges_over_a_thousand_chunks(dtype, offset):
     "welford_update over 1000 chunks, and merge of 1000 states in a shuffled order, against the concatenation."
     local = np.random.default_rng(int(offset) % 97)
     chunks = [(offset + 3 * local.standard_normal(int(k))).astype(dtype) for k in local.integers(1, 40, 1000)]
-    stream, fast = new_state(), new_state()
+    stream = new_state()
     states = []
     for chunk in chunks:
         welford_update(stream, chunk)
-        welford_update(fast, chunk, fast=True)
         one = new_state()
         welford_update(one, chunk)
         states.append(one)
@@ -158,7 +143,7 @@ def test_running_merges_over_a_thousand_chunks(dtype, offset):
     for s in states:
         merged = merge(merged, s)
     whole = np.concatenate(chunks)
-    for state in (stream, fast, merged):
+    for state in (stream, merged):
         assert state["tensors"] == 1000
         check_exact(_moments_of(state), whole, merges=1000)
 
@@ -183,18 +168,18 @@ data = st.one_of(hnp.arrays(np.float64, st.integers(1, 80), elements=values64),
                  hnp.arrays(np.float32, st.integers(1, 80), elements=values32))
 
 
-def state_of(pieces, fast=False) -> dict:
+def state_of(pieces) -> dict:
     state = new_state()
     for p in pieces:
-        welford_update(state, p, fast=fast)
+        welford_update(state, p)
     return state
 
 
 @settings(max_examples=200, deadline=None)
-@given(data, st.lists(st.integers(0, 80), max_size=8), st.booleans())
-def test_any_chunking_is_within_the_bounds(x, cuts, fast):
+@given(data, st.lists(st.integers(0, 80), max_size=8))
+def test_any_chunking_is_within_the_bounds(x, cuts):
     pieces = np.split(x, sorted({c % (x.size + 1) for c in cuts}))
-    check_exact(_moments_of(state_of(pieces, fast)), x, merges=len(pieces))
+    check_exact(_moments_of(state_of(pieces)), x, merges=len(pieces))
 
 
 @settings(max_examples=200, deadline=None)
@@ -226,41 +211,7 @@ def test_sum_of_squares_within_its_bound(x):
     assert abs(Fraction(sum_of_squares(x)) - exact) <= Fraction(SUM_ERROR + 2 * U) * exact
 
 
-# --- the kernels' Python bodies against NumPy's block sums (no numba needed) ---------------------------------------
-
-@settings(max_examples=100, deadline=None)
-@given(hnp.arrays(np.float32, st.integers(1, 9000), elements=st.floats(-1e6, 1e6, width=32)), st.floats(-10, 10))
-def test_kernel_bodies_and_numpy_block_sums_agree_within_the_block_bound(x, mean):
-    sums, squares, lo, hi = _sum_blocks(x, x.view(np.int32))
-    assert (lo, hi) == (float(x.min()), float(x.max()))
-    blocks = np.split(x.astype(np.float64), range(4096, x.size, 4096))
-    for got, got_squares, want, want_squares, block in zip(sums.tolist(), squares.tolist(), _block_sums(x),
-                                                         _block_sums(x, squares=True), blocks):
-        assert abs(got - want) <= 2 * SUM_ERROR * float(np.abs(block).sum())
-        assert abs(got_squares - want_squares) <= 2 * SUM_ERROR * want_squares
-    squares, deviations = _deviation_blocks(x, mean)
-    for got_q, got_t, block in zip(squares.tolist(), deviations.tolist(), blocks):
-        dev = block - mean
-        assert abs(got_q - sum_of_squares(dev)) <= 3 * SUM_ERROR * float((dev * dev).sum())
-        assert abs(got_t - float64_sum(dev)) <= 3 * SUM_ERROR * float(np.abs(dev).sum())
-
-
-@settings(max_examples=150, deadline=None)
-@given(hnp.arrays(np.float32, st.integers(2, 300), elements=st.floats(width=32, allow_nan=True, allow_infinity=True)))
-def test_kernel_bodies_give_the_numpy_summary_within_the_bounds(x):
-    with np.errstate(invalid="ignore", over="ignore"):     # inf - inf in plain Python: NaN, as compiled
-        got = _compiled_moments(PLAIN_KERNELS, x)
-    want = tensor_moments(x)
-    if want.nonfinite:
-        assert got is None
-        return
-    assert (got.n, got.min, got.max) == (want.n, want.min, want.max)
-    finite = x.astype(np.float64)
-    check_exact(got, finite)
-    check_exact(want, finite)
-
-
-# --- no BLAS, no eager numba ---------------------------------------------------------------------------------------
+# --- no BLAS, no numba, the deprecated names ---------------------------------------------------------------------------------------
 
 BLAS_NAMES = {"dot", "vdot", "matmul", "inner", "outer", "tensordot", "norm", "multi_dot", "vecdot", "matvec", "vecmat"}
 
@@ -287,21 +238,44 @@ def test_no_blas_call_at_run_time(monkeypatch):
     state = new_state()
     for x in HARD.values():
         welford_update(state, x)
-        welford_update(new_state(), x, fast=True)
     assert stats.summarize(state)["n"] == sum(v.size for v in HARD.values())
 
 
-def test_importing_the_statistics_does_not_import_numba():
+def test_the_statistics_never_import_numba():
+    "The statistics have one exact way, in NumPy: measuring, folding and merging import no numba."
     script = ("import sys\n"
               "import numpy as np\n"
               "from minitrain_inspect import stats\n"
               "state = stats.new_state()\n"
               "stats.welford_update(state, np.ones(10, np.float32))\n"
-              "assert 'numba' not in sys.modules, 'numba imported before the kernels were asked for'\n"
-              "kernels = stats.moment_kernels()\n"
-              "assert kernels is stats.moment_kernels()\n"
-              "print('numba' in sys.modules, kernels is None)\n")
+              "stats.welford_update(state, np.arange(9000, dtype=np.float32))\n"
+              "stats.merge(state, state)\n"
+              "assert 'numba' not in sys.modules, 'the statistics imported numba'\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    numba_loaded, no_kernels = r.stdout.split()
-    assert numba_loaded != no_kernels                                       # numba loaded exactly when kernels exist
+    assert not any(hasattr(stats, name) for name in ("moment_kernels", "_sum_blocks", "_deviation_blocks",
+                                                        "_compiled_moments"))
+
+
+def test_one_pass_moments_is_a_deprecated_alias_of_tensor_moments():
+    x = HARD["1e4 + 0.01 N(0, 1), float32"]
+    with pytest.warns(DeprecationWarning, match="one_pass_moments is deprecated.*tensor_moments") as caught:
+        got = stats.one_pass_moments(x)
+    assert got == tensor_moments(x)
+    assert [w.filename for w in caught] == [__file__]                      # the warning names the caller's line
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_welford_update_accepts_fast_with_a_deprecation_warning_and_ignores_it(fast):
+    x = HARD["N(0, 1), float32, 3 blocks and a tail"]
+    state, plain = new_state(), new_state()
+    with pytest.warns(DeprecationWarning, match=r"welford_update\(fast=\.\.\.\) is deprecated") as caught:
+        tm = welford_update(state, x, fast=fast)
+    assert [w.filename for w in caught] == [__file__]
+    assert tm == welford_update(plain, x) and state == plain
+
+
+def test_welford_update_without_fast_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        welford_update(new_state(), HARD["ReLU output"])
