@@ -24,6 +24,8 @@ class LossOutput(NamedTuple):
 class SoftmaxCrossEntropy(Module):
     "Cross-entropy of `softmax(logits)` against integer `targets`, over the last axis of `logits`."
 
+    has_classes = True      # its targets are classes (the Inspector's per-class panel can split them)
+
     def __init__(self):
         super().__init__()
         self._cache = None
@@ -90,6 +92,8 @@ def check_regression_inputs(predictions: np.ndarray, targets: np.ndarray) -> Non
 # %% ../nbs/02_losses.ipynb #e3e6e6e1
 class MeanSquaredError(Module):
     "Mean of `(predictions - targets) ** 2`: over an example's output features for its loss, then over the examples."
+
+    has_classes = False     # real-valued targets: a regression has no classes to split the loss by
 
     def __init__(self):
         super().__init__()
