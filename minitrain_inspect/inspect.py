@@ -321,14 +321,14 @@ class LossPanel(Panel):
         super().reset()
         self._running = (None, 0.0, 0)
 
-# %% ../nbs/10_inspect.ipynb #52012827
+# %% ../nbs/10_inspect.ipynb #7a5a57ef
 def unlabelled_note(loss: dict | None) -> str:
     "The per-class panel's note for a run without labels: a loss without classes (a regression) has nothing to split."
     if loss is not None and loss.get("has_classes") is False:
         return f"per-class loss: none for a regression ({loss['name']} has no classes, and no verb labels were given)"
     return "per-class loss: no verb labels were given (call inspector.label_batch before the forward)"
 
-
+# %% ../nbs/10_inspect.ipynb #52012827
 class PerClassPanel(Panel):
     "Panel 7: mean loss of the regular and of the irregular verbs in a step's batches (an absent class: no point)."
 

@@ -12,7 +12,7 @@ import numpy as np
 from .core import Module
 
 # %% auto #0
-__all__ = ['LossOutput', 'SoftmaxCrossEntropy', 'check_regression_inputs', 'MeanSquaredError']
+__all__ = ['LossOutput', 'SoftmaxCrossEntropy', 'check_regression_dtypes', 'check_regression_inputs', 'MeanSquaredError']
 
 # %% ../nbs/02_losses.ipynb #85dcc26d
 class LossOutput(NamedTuple):
@@ -67,9 +67,9 @@ class SoftmaxCrossEntropy(Module):
         return grad
         ### END SOLUTION
 
-# %% ../nbs/02_losses.ipynb #592f710c
-def check_regression_inputs(predictions: np.ndarray, targets: np.ndarray) -> None:
-    "Refuse what mean squared error cannot take: non-float arrays, mismatched dtypes or shapes, empty batches, non-finite targets."
+# %% ../nbs/02_losses.ipynb #e1a84412
+def check_regression_dtypes(predictions: np.ndarray, targets: np.ndarray) -> None:
+    "Refuse non-arrays, arrays that are not float32 or float64, and targets whose dtype differs from the predictions'."
     for label, value in (("predictions", predictions), ("targets", targets)):
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{label} must be a float32 or float64 NumPy array, got {type(value).__name__} (not an array)")
@@ -78,8 +78,13 @@ def check_regression_inputs(predictions: np.ndarray, targets: np.ndarray) -> Non
     if targets.dtype != predictions.dtype:
         raise TypeError(f"targets dtype {targets.dtype} must equal predictions dtype {predictions.dtype} "
                         f"(cast with targets.astype(np.{predictions.dtype}))")
+
+# %% ../nbs/02_losses.ipynb #592f710c
+def check_regression_inputs(predictions: np.ndarray, targets: np.ndarray) -> None:
+    "Refuse what mean squared error cannot take: the dtypes above, mismatched shapes, empty batches, non-finite targets."
+    check_regression_dtypes(predictions, targets)
     if predictions.ndim < 1:
-        raise ValueError(f"predictions need a batch axis (shape (N, ...)), got a 0-d array")
+        raise ValueError("predictions need a batch axis (shape (N, ...)), got a 0-d array")
     if targets.shape != predictions.shape:
         raise ValueError(f"targets shape {targets.shape} must equal predictions shape {predictions.shape} (no broadcasting)")
     if predictions.shape[0] == 0 or predictions.size == 0:
