@@ -62,10 +62,13 @@ def check_module_gradients(module: Module, x: np.ndarray, seed: int = 1234, h: f
     ### END SOLUTION
 
 # %% ../nbs/04_gradcheck.ipynb #d1c77a0b
-def check_loss_gradient(loss_fn: Module, logits: np.ndarray, targets: np.ndarray, h: float = 1e-6) -> float:
-    "Relative error of `loss_fn.backward()` against finite differences of the reduced loss."
-    logits = logits.astype(np.float64, copy=True)
-    f = lambda: loss_fn(logits, targets).loss
+def check_loss_gradient(loss_fn: Module, outputs: np.ndarray, targets: np.ndarray, h: float = 1e-6) -> float:
+    """Relative error of `loss_fn.backward()` against finite differences of the reduced loss, in float64: `outputs` are the
+    logits (cross-entropy) or predictions (mean squared error); float targets are taken in float64 too."""
+    outputs = np.asarray(outputs).astype(np.float64, copy=True)
+    targets = np.asarray(targets)
+    targets = targets.astype(np.float64) if targets.dtype.kind == "f" else targets   # integer class labels stay integers
+    f = lambda: loss_fn(outputs, targets).loss
     f()
     analytic = loss_fn.backward()
-    return relative_error(analytic, numerical_gradient(f, logits, h))
+    return relative_error(analytic, numerical_gradient(f, outputs, h))

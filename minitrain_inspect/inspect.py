@@ -26,12 +26,13 @@ _all_ = ["HookHandle", "welford_update"]
 # %% auto #0
 __all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 'check_name', 'NumpyNorms', 'NumpyOps',
            'Measures', 'Records', 'Panel', 'TensorPanel', 'ActivationPanel', 'GradientPanel', 'UnitPanel', 'LossPanel',
-           'PerClassPanel', 'UpdatePanel', 'SpectralPanel', 'WeightNormPanel', 'GuardRecords', 'GuardBase',
-           'GuardTiming', 'GuardProjection', 'GuardReview', 'GuardThinning', 'BudgetGuard', 'InspectorSteps',
-           'InspectorStepEnd', 'InspectorReading', 'InspectorRecords', 'InspectorRemoval', 'InspectorReset',
-           'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks', 'InspectorHooks', 'InspectorAttach',
-           'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels', 'InspectorRun', 'Inspector', 'forward_hook',
-           'param_hook', 'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle', 'welford_update']
+           'unlabelled_note', 'PerClassPanel', 'UpdatePanel', 'SpectralPanel', 'WeightNormPanel', 'GuardRecords',
+           'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview', 'GuardThinning', 'BudgetGuard',
+           'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords', 'InspectorRemoval',
+           'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks', 'InspectorHooks',
+           'InspectorAttach', 'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels', 'InspectorRun', 'Inspector',
+           'forward_hook', 'param_hook', 'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle',
+           'welford_update']
 
 # %% ../nbs/10_inspect.ipynb #49f29731
 PANELS = ("loss", "activations", "gradients", "updates", "spectral", "units", "per_class")   # the built-in seven
@@ -320,6 +321,13 @@ class LossPanel(Panel):
         super().reset()
         self._running = (None, 0.0, 0)
 
+# %% ../nbs/10_inspect.ipynb #7a5a57ef
+def unlabelled_note(loss: dict | None) -> str:
+    "The per-class panel's note for a run without labels: a loss without classes (a regression) has nothing to split."
+    if loss is not None and loss.get("has_classes") is False:
+        return f"per-class loss: none for a regression ({loss['name']} has no classes, and no verb labels were given)"
+    return "per-class loss: no verb labels were given (call inspector.label_batch before the forward)"
+
 # %% ../nbs/10_inspect.ipynb #52012827
 class PerClassPanel(Panel):
     "Panel 7: mean loss of the regular and of the irregular verbs in a step's batches (an absent class: no point)."
@@ -338,8 +346,7 @@ class PerClassPanel(Panel):
         if self._sums_step != self.step:
             self._sums, self._sums_step = {}, self.step
         if labels is None:   # (a second loss call in a step that was labelled is not "unlabelled")
-            if self._labelled_at != self.step:
-                self.note("per-class loss: no verb labels were given (call inspector.label_batch before the forward)")
+            self._unlabelled = self._labelled_at != self.step    # noted at the flush, which knows the loss
             return
         self._labelled_at = self.step
         values = np.asarray(per_example, dtype=np.float64).reshape(-1)
@@ -355,11 +362,14 @@ class PerClassPanel(Panel):
         if self._sums_step == self.step:
             for cls, (total, count) in self._sums.items():
                 self.record(f"per_class/{cls}", total / count)
+        if self._unlabelled:
+            self.note(unlabelled_note(history.meta.get("loss")))
+            self._unlabelled = False
         super().flush(history)
 
     def reset(self) -> None:
         super().reset()
-        self._sums, self._sums_step, self._labelled_at = {}, None, None
+        self._sums, self._sums_step, self._labelled_at, self._unlabelled = {}, None, None, False
 
 # %% ../nbs/10_inspect.ipynb #82967e65
 class UpdatePanel(Panel):
@@ -785,7 +795,10 @@ class InspectorHooks(InspectorModuleHooks):
         "Hand each batch loss computed by `loss_fn` to the panels that answer `on_loss` (panels 1 and 7)."
         if not isinstance(loss_fn, Module):
             raise TypeError(f"register_loss needs a loss Module, got {type(loss_fn).__name__}")
-        return self._keep_extra(loss_fn.register_forward_hook(loss_hook(self)))
+        handle = self._keep_extra(loss_fn.register_forward_hook(loss_hook(self)))
+        # which loss, for the dashboard and panel 7 (a regression has no classes); a loss without the flag has classes
+        self.history.meta["loss"] = {"name": type(loss_fn).__name__, "has_classes": bool(getattr(loss_fn, "has_classes", True))}
+        return handle
 
     def register_optimizer(self, optimizer: Optimizer) -> list[HookHandle]:
         "Hook the optimiser's step: gradients and copies just before it (panels 3, 4), the end of the step just after."
@@ -837,7 +850,7 @@ class InspectorAttach:
         return model
 
 # %% ../nbs/10_inspect.ipynb #7d4ef623
-_UNDONE_META = ("layers", "params", "module_types", "histogram", "notes")
+_UNDONE_META = ("layers", "params", "module_types", "histogram", "notes", "loss")
 
 # %% ../nbs/10_inspect.ipynb #56dd17a6
 class InspectorAttachSteps(InspectorAttach):
@@ -884,6 +897,8 @@ class InspectorUndo(InspectorAttachSteps):
         for name in set(self.stats) - names:
             del self.stats[name]
         self.history.meta.update(meta)
+        if "loss" not in meta:      # a loss first described by the failed attach is forgotten with it
+            self.history.meta.pop("loss", None)
 
     def _forget(self) -> None:
         "Forget the names, kinds and statistics of the model watched so far (before watching another)."

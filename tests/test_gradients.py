@@ -5,7 +5,7 @@ import pytest
 from minitrain_inspect.core import Module, Sequential
 from minitrain_inspect.gradcheck import check_loss_gradient, check_module_gradients, numerical_gradient, relative_error
 from minitrain_inspect.layers import Dropout, LayerNorm, Linear, ReLU, Tanh
-from minitrain_inspect.losses import SoftmaxCrossEntropy
+from minitrain_inspect.losses import MeanSquaredError, SoftmaxCrossEntropy
 from minitrain_inspect.train import PastTenseModel
 
 TOL = 1e-7
@@ -164,3 +164,37 @@ def test_repeated_backward_after_one_forward_accumulates_the_same_gradient():
         np.testing.assert_array_equal(first, second)
         for p, g in zip(module.parameters(), grads):
             np.testing.assert_array_equal(p.grad, 2 * g)
+
+
+# -- mean squared error (issue 21) ----------------------------------------------------------------------
+
+class MSEOverExamples(MeanSquaredError):
+    "A wrong backward: divided by the number of examples N instead of all N * F entries."
+    def backward(self, grad_output=1.0):
+        return 2 * self._cache * grad_output / len(self._cache)
+
+
+@pytest.mark.parametrize("shape", [(6,), (4, 5), (3, 2, 4)])
+def test_mse_gradient(shape):
+    "MSE is quadratic: the centred difference has no truncation error, only rounding of about eps*|L|/h ~ 1e-10."
+    pred, target = rng.standard_normal(shape), rng.standard_normal(shape)
+    assert check_loss_gradient(MeanSquaredError(), pred, target) <= TOL
+    assert check_loss_gradient(MeanSquaredError(), pred.astype(np.float32), target.astype(np.float32)) <= TOL
+
+
+def test_mse_gradient_check_detects_a_wrong_backward():
+    pred, target = rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+    assert abs(check_loss_gradient(MSEOverExamples(), pred, target) - (1 - 1 / 5)) < 1e-6
+
+
+def test_mse_through_a_model():
+    "The whole chain (MLP then MSE) against finite differences of the reduced loss, for every parameter."
+    net = Sequential(a=Linear(3, 6, rng=11, dtype=np.float64), b=Tanh(), c=Linear(6, 2, rng=12, dtype=np.float64))
+    x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+    loss_fn = MeanSquaredError()
+    f = lambda: loss_fn(net(x), y).loss
+    net.zero_grad()
+    f()
+    net.backprop(loss_fn.backward())
+    for name, p in net.named_parameters():
+        assert relative_error(p.grad, numerical_gradient(f, p.data)) <= TOL, name
