@@ -22,13 +22,14 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'UNIT_FIELDS', 'UNIT_LEGEND', 'CHECKED',
-           'NONFINITE_SERIES', 'STUCK_WORDS', 'MAX_SUMMARY_LAYERS', 'PANEL_PREFIXES', 'moving_average', 'corner_note',
-           'first_curves', 'keep_drawable', 'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'draw_loss',
-           'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health',
-           'draw_histogram', 'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines',
-           'draw_verdict', 'mark_fired', 'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels',
-           'draw_extra', 'draw_key', 'render_dashboard', 'save_dashboard']
+__all__ = ['MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'LOSS_NAMES', 'UNIT_FIELDS', 'UNIT_LEGEND',
+           'CHECKED', 'NOT_DIAGNOSED', 'HOW_TO_DIAGNOSE', 'NONFINITE_SERIES', 'STUCK_WORDS', 'MAX_SUMMARY_LAYERS',
+           'PANEL_PREFIXES', 'moving_average', 'corner_note', 'first_curves', 'keep_drawable', 'param_layer',
+           'LayerStyle', 'sparse_note', 'plot_per_layer', 'loss_name', 'draw_loss', 'output_layers', 'draw_activations',
+           'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class',
+           'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
+           'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key',
+           'render_dashboard', 'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -228,6 +229,16 @@ def _plot_train_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
     if bad:
         ax.plot([], [], "x", color="red", mew=2, label=f"loss not finite ({_count(bad, 'step')})")
 
+# %% ../nbs/11_dashboard.ipynb #9aaf6b74
+LOSS_NAMES = {"SoftmaxCrossEntropy": "cross-entropy", "MeanSquaredError": "mean squared error"}
+
+
+def loss_name(history: History) -> str:
+    "The loss the run watched, in words, from `history.meta['loss']` (cross-entropy for a history without it)."
+    info = history.meta.get("loss")
+    name = info.get("name") if isinstance(info, dict) else None
+    return LOSS_NAMES.get(name, str(name)) if isinstance(name, str) and name else "cross-entropy"
+
 # %% ../nbs/11_dashboard.ipynb #65ef71b2
 def draw_loss(ax, history: History, last_step: int) -> None:
     "Panel 1: the training loss (raw and a moving average of 25) and the held-out loss, log scale."
@@ -239,7 +250,7 @@ def draw_loss(ax, history: History, last_step: int) -> None:
         ax.plot(vsteps, vloss, "o-", color="black", lw=1.3, ms=3, label="held-out")
     if not (steps.size or vsteps.size):
         _message(ax, "no loss recorded")
-    _finish(ax, "1 · Loss", "cross-entropy (log)", last_step, log=True, legend=True)
+    _finish(ax, "1 · Loss", f"{loss_name(history)} (log)", last_step, log=True, legend=True)
 
 # %% ../nbs/11_dashboard.ipynb #333a5322
 def output_layers(style: LayerStyle) -> list[str]:
@@ -253,7 +264,9 @@ def draw_activations(axes, history: History, style: LayerStyle, last_step: int) 
     layers = style.shown(history.names("activations"))
     outputs = [n for n in output_layers(style) if n in layers]
     hidden = [n for n in layers if n not in outputs]
-    plots = [(hidden, "mean", "mean, hidden layers", False), (outputs, "mean", "mean, output layers (logits)", False),
+    classes = not (isinstance(history.meta.get("loss"), dict) and history.meta["loss"].get("has_classes") is False)
+    plots = [(hidden, "mean", "mean, hidden layers", False),
+             (outputs, "mean", f"mean, output layers ({'logits' if classes else 'outputs'})", False),
              (layers, "std", "std (log)", True), (layers, "absmax", "max |a| (log)", True)]
     for ax, (names, field, label, log) in zip(axes, plots):
         if not plot_per_layer(ax, history, style, "activations", field, names):
@@ -433,7 +446,7 @@ def draw_per_class(ax, history: History, last_step: int) -> None:
 def diagnosis_of(history: History) -> dict | None:
     "The diagnosis stored in `history.meta['diagnosis']`, or None (also if it is malformed)."
     d = history.meta.get("diagnosis")
-    if not isinstance(d, dict) or d.get("verdict") not in ("trustworthy", "failing"):
+    if not isinstance(d, dict) or d.get("verdict") not in ("trustworthy", "warning", "failing"):
         return None
     return d
 
@@ -494,27 +507,42 @@ def _failing_head(history: History, d: dict, every: str, length: str | None) -> 
     return head
 
 # %% ../nbs/11_dashboard.ipynb #8f21b986
+NOT_DIAGNOSED = "not diagnosed: no verdict"
+HOW_TO_DIAGNOSE = ("get one with train(TrainConfig(diagnose_every=50)), or on your own loop with "
+                   "Diagnoser(every=50, history=inspector.history).attach(model, optimizer, loss_fn, x_eval, y_eval)")
+
+
+def _warning_lines(d: dict, every: str, length: str | None, max_reasons: int) -> list[str]:
+    "The verdict of a run that only warned: from which step, and the signs to watch."
+    warned = [w for w in d.get("warned", []) if isinstance(w, dict)]
+    head = f"WARNING from step {warned[0].get('step')}" if warned else "WARNING"
+    reasons = [str(r) for r in d.get("reasons", [])][:max_reasons]
+    return [head + f" ({every}; nothing failed)" + (f"; {length}" if length else "")] + [f"  {r}" for r in reasons]
+
+
 def verdict_lines(history: History, max_reasons: int = 3) -> list[str]:
     "The verdict in words: a headline, then the reasons (at most `max_reasons`)."
     d = diagnosis_of(history)
     if d is None:
-        return ["not diagnosed: no verdict (train with diagnose_every to get one)"]
+        return [NOT_DIAGNOSED, HOW_TO_DIAGNOSE]
     every = f"every {d['every']} steps" if d.get("every") else "at the end"
     length = run_length(history)
     if d["verdict"] == "trustworthy":
         return _healthy_lines(d, every, length)
+    if d["verdict"] == "warning":
+        return _warning_lines(d, every, length, max_reasons)
     reasons = [str(r) for r in d.get("reasons", [])]
     return [_failing_head(history, d, every, length)] + [f"  {r}" for r in reasons[:max_reasons]] + (
         [f"  and {len(reasons) - max_reasons} more"] if len(reasons) > max_reasons else [])
 
 # %% ../nbs/11_dashboard.ipynb #09c33bb9
 def _verdict_colour(d: dict | None) -> str:
-    "Grey for a run not diagnosed, green for a trustworthy one, red for a failing one."
-    return "0.45" if d is None else "#1a7f37" if d["verdict"] == "trustworthy" else "#c62828"
+    "Grey for a run not diagnosed, green for a trustworthy one, amber for a warning, red for a failing one."
+    return "0.45" if d is None else {"trustworthy": "#1a7f37", "warning": "#b26a00"}.get(d["verdict"], "#c62828")
 
 
 def draw_verdict(ax, history: History) -> None:
-    "The banner: the verdict across the top of the figure, green, red, or grey when the run was not diagnosed."
+    "The banner: the verdict across the top of the figure, green, amber, red, or grey when the run was not diagnosed."
     ax.axis("off")
     colour = _verdict_colour(diagnosis_of(history))
     lines = verdict_lines(history)

@@ -162,15 +162,10 @@ def _loss_axis(fig):
     return next(ax for ax in fig.axes if ax.get_title(loc="left").startswith("1 ") or ax.get_title().startswith("1 "))
 
 
-@pytest.mark.xfail(strict=True, reason="11_dashboard labels panel 1 'cross-entropy (log)' whatever the loss; "
-                                       "it should read history.meta['loss']['name'] (not owned here)")
 def test_dashboard_names_the_loss_it_plots(inspected):
-    assert "cross-entropy" not in _loss_axis(render_dashboard(inspected[1].history)).get_ylabel()
+    assert _loss_axis(render_dashboard(inspected[1].history)).get_ylabel() == "mean squared error (log)"
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="15_diagnose's probe reshapes the model's outputs to (*targets.shape, -1), the classification "
-                          "layout, which MeanSquaredError refuses as a shape mismatch (not owned here)")
 def test_diagnose_a_regression_run(inspected):
     from minitrain_inspect.diagnose import diagnose
     model, inspector, _, _ = inspected
