@@ -33,9 +33,9 @@ __all__ = ['CHECKS', 'WARNING_CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'TY
            'DiagnosticThresholds', 'CheckResult', 'DiagnosticReport', 'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan',
            'loss_input', 'probe', 'check_growth', 'check_gradients', 'history_nonfinite', 'check_nonfinite',
            'check_dead_units', 'check_loss_spike', 'check_no_learning', 'check_overfitting', 'check_update_ratio',
-           'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels', 'GalleryRun', 'gallery',
-           'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins', 'gallery_summary', 'diagnosis_cost',
-           'cost_lines']
+           'BaselineThresholds', 'check_frozen_baseline', 'diagnose', 'Diagnoser', 'train', 'Sabotage',
+           'shuffled_labels', 'GalleryRun', 'gallery', 'run_gallery_entry', 'run_gallery', 'gallery_table',
+           'healthy_margins', 'gallery_summary', 'diagnosis_cost', 'cost_lines']
 
 # %% ../nbs/15_diagnose.ipynb #97945d7c
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class DiagnosticThresholds:
     overfit_evaluations: int = 3     # ...for this many evaluations in a row, while the training loss falls
     ratio_band: float = 100.0        # warning: a weight's update ratio beyond 1e-3 x or / this...
     ratio_stretch: int = 10          # ...at each of its last this-many recorded steps
+    baseline_margin: float = 0.02    # the headline accuracy must beat the frozen baseline's by this much
 
     def __post_init__(self):
         for name in ("growth", "grad_floor", "vanishing_ratio", "exploding_ratio", "spike_factor", "overfit_rise",
@@ -70,6 +71,10 @@ class DiagnosticThresholds:
         for name, least in (("spike_window", 2), ("no_learning_after", 1), ("overfit_evaluations", 1),
                             ("ratio_stretch", 1)):
             object.__setattr__(self, name, check_int(getattr(self, name), f"threshold {name}", least))
+        margin = _real(self.baseline_margin)
+        if margin is None or not 0 <= margin < 1:
+            raise ValueError(f"threshold baseline_margin must lie in [0, 1), got {self.baseline_margin!r}")
+        object.__setattr__(self, "baseline_margin", margin)
         if self.vanishing_ratio >= self.exploding_ratio:
             raise ValueError(f"vanishing_ratio ({self.vanishing_ratio}) must be below exploding_ratio "
                              f"({self.exploding_ratio})")
@@ -101,7 +106,7 @@ class CheckResult(NamedTuple):
 
 
 CHECKS = ("hidden_norm_growth", "gradient_floor", "vanishing_gradient", "exploding_gradient", "non_finite",
-          "dead_units", "loss_spike", "no_learning", "overfitting", "update_ratio")
+          "dead_units", "loss_spike", "no_learning", "overfitting", "update_ratio", "frozen_baseline")
 WARNING_CHECKS = ("overfitting", "update_ratio")   # signs to watch, not a broken run: they warn, never fail
 
 # %% ../nbs/15_diagnose.ipynb #dbc23131
@@ -478,6 +483,49 @@ def check_update_ratio(history, th: DiagnosticThresholds) -> CheckResult:
                        f"{name}'s update ratio stayed more than {th.ratio_band:g}x away from {TYPICAL_RATIO:g} for "
                        f"its last {th.ratio_stretch} recorded steps" if fired else "")
 
+# %% ../nbs/15_diagnose.ipynb #d540c6a3
+@dataclass(frozen=True)
+class BaselineThresholds:
+    "The margin by which the headline accuracy must beat the frozen baseline (a fraction: 0.02 is two accuracy points)."
+    baseline_margin: float = 0.02
+
+    def __post_init__(self):
+        value = _accuracy_value(self.baseline_margin, "baseline_margin")
+        if not 0 <= value < 1:
+            raise ValueError(f"baseline_margin must lie in [0, 1), got {self.baseline_margin!r}")
+        object.__setattr__(self, "baseline_margin", value)
+
+
+def _accuracy_value(value, name: str) -> float:
+    "`value` as a float if it is a real number (not a bool); else a TypeError naming `name`."
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+# %% ../nbs/15_diagnose.ipynb #1dc5a2a4
+def _accuracy_in_range(value, name: str) -> float:
+    "An accuracy: a real number in [0, 1], or NaN (not measured)."
+    value = _accuracy_value(value, name)
+    if not (math.isnan(value) or 0 <= value <= 1):
+        raise ValueError(f"{name} must be an accuracy in [0, 1] (or nan), got {value!r}")
+    return value
+
+
+def check_frozen_baseline(headline_acc, frozen_baseline_acc, thresholds=None) -> CheckResult:
+    """Fires when `headline_acc` beats `frozen_baseline_acc` by less than `thresholds.baseline_margin`; value: the advantage.
+    `thresholds` is anything with a `baseline_margin` (`BaselineThresholds()` if None). NaN: not measured, not fired."""
+    head = _accuracy_in_range(headline_acc, "headline_acc")
+    base = _accuracy_in_range(frozen_baseline_acc, "frozen_baseline_acc")
+    th = BaselineThresholds() if thresholds is None else thresholds
+    margin = getattr(th, "baseline_margin", None)
+    if margin is None:
+        raise TypeError(f"thresholds must have a baseline_margin (BaselineThresholds), got {type(th).__name__}")
+    advantage = head - base
+    fired = advantage < margin          # False when either is NaN
+    return CheckResult("frozen_baseline", advantage, float(margin), fired,
+                       f"headline accuracy {head:.3f} against the frozen baseline's {base:.3f}: an advantage of "
+                       f"{advantage:+.3f}, below the margin {margin:g}" if fired else "")
+
 # %% ../nbs/15_diagnose.ipynb #e954c81e
 def _checked_thresholds(thresholds) -> DiagnosticThresholds:
     th = DiagnosticThresholds() if thresholds is None else thresholds
@@ -498,7 +546,8 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
              new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
              thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
              plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1,
-             held_out: Sequence[tuple[int, float]] = ()) -> DiagnosticReport:
+             held_out: Sequence[tuple[int, float]] = (), headline_acc: float = math.nan,
+             frozen_baseline_acc: float = math.nan) -> DiagnosticReport:
     """Run the protocol on the fixed batch `inputs`/`targets`, the losses so far and the held-out evaluations so far
     (`(position, loss)`, see `check_overfitting`); returns a `DiagnosticReport`. The probe runs under `threads` BLAS
     threads."""
@@ -516,7 +565,8 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
               check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
               check_no_learning(losses, step, th, pr.loss, start_eval_loss),
-              check_overfitting(held_out, losses, th), check_update_ratio(history, th)]
+              check_overfitting(held_out, losses, th), check_update_ratio(history, th),
+              check_frozen_baseline(headline_acc, frozen_baseline_acc, th)]
     report = DiagnosticReport(step, checks, eval_loss=pr.loss)
     report.seconds = clock() - start
     return report

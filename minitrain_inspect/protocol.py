@@ -14,16 +14,16 @@ import numpy as np
 
 from .core import Module, Sequential
 from .data import PastTenseData
-from .diagnose import CheckResult, Diagnoser, DiagnosticThresholds, trunk_of
+from .diagnose import BaselineThresholds, CheckResult, Diagnoser, check_frozen_baseline, DiagnosticThresholds, trunk_of
 from .layers import Dropout, Linear, ReLU, Tanh
 from .stats import check_int, to_jsonable
 from .train import TrainConfig, TrainResult, run_to_end, training_steps
 
 # %% auto #0
 __all__ = ['FEEDBACK_LAYERS', 'SEED_GROWTH', 'SEED_GRAD_FLOOR', 'RULES', 'trunk_linears', 'hidden_parameters', 'FrozenHidden',
-           'train_frozen', 'frozen_baseline', 'BaselineThresholds', 'check_frozen_baseline', 'feedback_blocks',
-           'feedback_matrices', 'dfa_backward', 'dfa_backprop', 'DirectFeedbackAlignment', 'seed_checks',
-           'rule_observers', 'headline', 'run_rule', 'run_protocol_entry', 'protocol_gallery', 'protocol_table']
+           'train_frozen', 'frozen_baseline', 'feedback_blocks', 'feedback_matrices', 'dfa_backward', 'dfa_backprop',
+           'DirectFeedbackAlignment', 'seed_checks', 'rule_observers', 'headline', 'run_rule', 'run_protocol_entry',
+           'protocol_gallery', 'protocol_table']
 
 # %% ../nbs/15a_protocol.ipynb #ea756533
 def trunk_linears(model: Module) -> list:
@@ -68,49 +68,6 @@ def frozen_baseline(config: TrainConfig | None = None, data: PastTenseData | Non
     result = train_frozen(plain, data=data)
     return to_jsonable({"accuracy": result.accuracy, "steps": plain.steps, "seed": plain.seed,
                         "frozen": [n for n, _ in hidden_parameters(result.model)], "seconds": result.seconds})
-
-# %% ../nbs/15a_protocol.ipynb #f5ae1d95
-@dataclass(frozen=True)
-class BaselineThresholds:
-    "The margin by which the headline accuracy must beat the frozen baseline (a fraction: 0.02 is two accuracy points)."
-    baseline_margin: float = 0.02
-
-    def __post_init__(self):
-        value = _accuracy_value(self.baseline_margin, "baseline_margin")
-        if not 0 <= value < 1:
-            raise ValueError(f"baseline_margin must lie in [0, 1), got {self.baseline_margin!r}")
-        object.__setattr__(self, "baseline_margin", value)
-
-
-def _accuracy_value(value, name: str) -> float:
-    "`value` as a float if it is a real number (not a bool); else a TypeError naming `name`."
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    return float(value)
-
-# %% ../nbs/15a_protocol.ipynb #fb1915e5
-def _accuracy_in_range(value, name: str) -> float:
-    "An accuracy: a real number in [0, 1], or NaN (not measured)."
-    value = _accuracy_value(value, name)
-    if not (math.isnan(value) or 0 <= value <= 1):
-        raise ValueError(f"{name} must be an accuracy in [0, 1] (or nan), got {value!r}")
-    return value
-
-
-def check_frozen_baseline(headline_acc, frozen_baseline_acc, thresholds=None) -> CheckResult:
-    """Fires when `headline_acc` beats `frozen_baseline_acc` by less than `thresholds.baseline_margin`; value: the advantage.
-    `thresholds` is anything with a `baseline_margin` (`BaselineThresholds()` if None). NaN: not measured, not fired."""
-    head = _accuracy_in_range(headline_acc, "headline_acc")
-    base = _accuracy_in_range(frozen_baseline_acc, "frozen_baseline_acc")
-    th = BaselineThresholds() if thresholds is None else thresholds
-    margin = getattr(th, "baseline_margin", None)
-    if margin is None:
-        raise TypeError(f"thresholds must have a baseline_margin (BaselineThresholds), got {type(th).__name__}")
-    advantage = head - base
-    fired = advantage < margin          # False when either is NaN
-    return CheckResult("frozen_baseline", advantage, float(margin), fired,
-                       f"headline accuracy {head:.3f} against the frozen baseline's {base:.3f}: an advantage of "
-                       f"{advantage:+.3f}, below the margin {margin:g}" if fired else "")
 
 # %% ../nbs/15a_protocol.ipynb #113f9f87
 FEEDBACK_LAYERS = (Linear, ReLU, Tanh, Dropout)

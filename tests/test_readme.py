@@ -65,7 +65,10 @@ def test_readme_python_runs_verbatim(number, tmp_path, monkeypatch, capsys):
     exec(compile(source, f"README.md python block {number + 1}", "exec"), {"__name__": "__readme__"})
     printed = capsys.readouterr().out
     assert printed.strip(), f"block {number + 1} should print something a reader can compare with"
-    if "Inspector(model, optimizer=opt, loss_fn=loss_fn)" in source:
+    if ".attach(model, opt, loss_fn," in source:
+        # The plain loop diagnosed: the verdict, and the same verdict in the Inspector's history (the banner).
+        assert printed.startswith("trustworthy HEALTHY: no check fired"), printed
+    elif "Inspector(model, optimizer=opt, loss_fn=loss_fn)" in source:
         # The plain loop: every step counted from the optimiser, 96 steps, 0..95, and the dashboard written.
         assert printed.startswith("steps 0..95"), printed
         assert (tmp_path / "my-run.png").read_bytes()[:4] == b"\x89PNG"
