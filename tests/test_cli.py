@@ -281,11 +281,14 @@ def test_train_text_output_reports_the_stop():
 
 
 def test_default_run_with_early_stop_completes_unflagged():
+    "The default run overfits a little (issue 21): it ends with a warning, never failing, and early stop leaves it be."
     r = run("train", "--early-stop", "--diagnose-every", "50", "--json", "--quiet")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["early_stop"] == {"stopped": False, "step": None, "verdict": "trustworthy", "reasons": [],
-                                 "compute_saved": {"steps": 0, "share": 0.0, "seconds": 0.0}}, out["early_stop"]
+    es = out["early_stop"]
+    assert (es["stopped"], es["step"], es["verdict"], es["compute_saved"]) == \
+        (False, None, "warning", {"steps": 0, "share": 0.0, "seconds": 0.0}), es
+    assert [r.split(":")[0] for r in es["reasons"]] == ["overfitting"], es["reasons"]
     plain = json.loads(run("train", "--json", "--quiet").stdout)
     assert out["params_sha256"] == plain["params_sha256"], "the diagnosis must not change the run"
 
@@ -336,7 +339,7 @@ def test_diagnose_gallery_json_and_table():
 
 def test_demo_writes_the_diagnosis(demo_run):
     d = json.loads((demo_run / "diagnosis.json").read_text())
-    assert d["verdict"] in ("trustworthy", "failing") and d["every"] == 50 and d["reports"], d.keys()
+    assert d["verdict"] in ("trustworthy", "warning", "failing") and d["every"] == 50 and d["reports"], d.keys()
     history_head = json.loads((demo_run / "history.jsonl").read_text().split("\n", 1)[0])
     assert history_head["meta"]["diagnosis"]["verdict"] == d["verdict"], "the dashboard reads it from the history"
 
