@@ -151,6 +151,8 @@ def _add_diagnose_command(sub) -> None:
     x.add_argument("--steps", type=int, default=2000, help=f"planned steps of each run (default 2000, at most {MAX_GALLERY_STEPS})")
     x.add_argument("--seeds", type=int, default=5, help=f"seeds of the default healthy run (default 5, at most {MAX_SEEDS})")
     x.add_argument("--every", type=int, default=50, metavar="N", help=f"diagnose every N steps (default 50, at most {MAX_GALLERY_STEPS})")
+    x.add_argument("--protocol", action="store_true",
+                   help="also run backprop, direct feedback alignment and the frozen baseline (15a_protocol)")
     x.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     x.add_argument("--quiet", action="store_true", help="no line per finished run on standard error")
 
@@ -565,13 +567,28 @@ def _run_diagnose(args) -> int:
     rows = run_gallery(steps=args.steps, seeds=args.seeds, every=args.every,
                        progress=None if args.quiet else _gallery_progress)
     summary, margins = gallery_summary(rows), healthy_margins(rows)
+    protocol = _protocol_rows(args) if args.protocol else None
     if args.json:
         for row in rows:
             row.pop("reports")
-        print(json.dumps(to_jsonable({"summary": summary, "margins": margins, "runs": rows}), allow_nan=False))
+        out = {"summary": summary, "margins": margins, "runs": rows, **({"protocol": protocol} if protocol else {})}
+        print(json.dumps(to_jsonable(out), allow_nan=False))
     else:
         _print_gallery(rows, summary, margins, args.steps)
+        if protocol:
+            from minitrain_inspect.protocol import protocol_table
+            print("\nbackprop, direct feedback alignment and the frozen baseline (15a_protocol):\n")
+            print(protocol_table(protocol))
     return 0
+
+
+def _protocol_rows(args) -> list:
+    "The rows of 15a_protocol's gallery (BP, DFA, frozen baseline), run with the gallery's steps and interval."
+    from minitrain_inspect.protocol import protocol_gallery
+    rows = protocol_gallery(steps=args.steps, every=args.every)
+    for row in rows:
+        row.pop("reports", None)
+    return rows
 
 # %% ../nbs/18_cli.ipynb #a1f88319
 def _run_trace(args) -> int:

@@ -367,3 +367,15 @@ def test_docs_builds_the_site_or_says_what_is_missing(tmp_path):
 ])
 def test_course_commands_refuse_bad_input_in_one_line(args, words):
     assert_one_line_error(run(*args), words)
+
+
+def test_diagnose_gallery_with_the_protocol_rows():
+    "Issue 21 §1: `diagnose --gallery --protocol` adds backprop, DFA and the frozen baseline, each with its baseline check."
+    r = run("diagnose", "--gallery", "--steps", "60", "--seeds", "1", "--every", "20", "--protocol", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["protocol"]
+    assert [row["rule"] for row in rows] == ["bp", "dfa", "frozen"]
+    frozen = rows[2]
+    assert frozen["baseline"]["fired"] is True and frozen["baseline"]["value"] == 0.0, frozen["baseline"]
+    text = run("diagnose", "--gallery", "--steps", "60", "--seeds", "1", "--every", "20", "--protocol", "--quiet").stdout
+    assert "DFA (direct feedback alignment)" in text and "frozen baseline (readout only)" in text
