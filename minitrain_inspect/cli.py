@@ -549,7 +549,8 @@ def _print_gallery(rows: list, summary: dict, margins: dict, steps: int) -> None
     print(gallery_table(rows))
     print(f"\nbroken runs flagged: {summary['broken_flagged']} of {summary['broken']}; healthy runs flagged "
           f"(false positives): {summary['false_positives']} of {summary['healthy']}; runs whose loss became NaN: "
-          f"{summary['nan_runs']}, flagged before the NaN: {summary['fired_before_nan']}")
+          f"{summary['nan_runs']}, flagged before the NaN: {summary['fired_before_nan']}; healthy runs with a warning "
+          f"(signs to watch, never a stop): {summary.get('healthy_warned', 0)} of {summary['healthy']}")
     if summary.get("not_applicable"):
         print(f"not applicable at {steps} steps (left out of the counts): {', '.join(summary['not_applicable'])}")
     for check, m in margins.items():

@@ -909,7 +909,7 @@ def run_gallery_entry(entry: GalleryRun, steps: int = 2000, every: int = 50,
         result = _train(config, data=data, observers=[Sabotage(**entry.sabotage), diagnoser])
     es = result.early_stop
     row = {"name": entry.name, "broken": entry.broken, "applicable": True, "needs": entry.needs,
-           "needs_why": entry.needs_why, "flagged": diagnoser.verdict == "failing",
+           "needs_why": entry.needs_why, "flagged": diagnoser.verdict == "failing", "verdict": diagnoser.verdict,
            "step": diagnoser.failing[0].step if diagnoser.failing else None, "stopped": es.stopped,
            "reasons": diagnoser.reasons, "compute_saved": es.compute_saved, "accuracy_at_stop": _accuracy(result),
            "final_accuracy": _accuracy(result), "nan_step": None, "seconds": result.seconds,
@@ -983,14 +983,15 @@ def healthy_margins(rows: list) -> dict:
 
 # %% ../nbs/15_diagnose.ipynb #68af7b16
 def gallery_summary(rows: list) -> dict:
-    """Targets: broken runs flagged, healthy runs flagged (false positives), and runs whose NaN loss the protocol beat.
-    Runs not applicable at this length are left out of every count and listed in `not_applicable`."""
+    """Targets: broken runs flagged, healthy runs flagged (false positives), and runs whose NaN loss the protocol beat;
+    also the healthy runs that got a warning (`healthy_warned`). Runs not applicable at this length are left out of every count and listed in `not_applicable`."""
     skipped = [r["name"] for r in rows if not r.get("applicable", True)]
     rows = [r for r in rows if r.get("applicable", True)]
     broken, healthy = [r for r in rows if r["broken"]], [r for r in rows if not r["broken"]]
     nan_runs = [r for r in rows if r["nan_step"] is not None]
     return {"broken_flagged": sum(r["flagged"] for r in broken), "broken": len(broken),
             "false_positives": sum(r["flagged"] for r in healthy), "healthy": len(healthy),
+            "healthy_warned": sum(r.get("verdict") == "warning" for r in healthy),
             "nan_runs": len(nan_runs), "fired_before_nan": sum(r["step"] is not None and r["step"] < r["nan_step"]
                                                                for r in nan_runs), "not_applicable": skipped}
 
