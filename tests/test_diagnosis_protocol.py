@@ -140,3 +140,29 @@ def test_a_regression_on_a_plain_loop_is_diagnosed_end_to_end():
     assert d.verdict == "trustworthy", d.reasons
     assert verdict_lines(insp.history)[0].startswith("HEALTHY")
     render_dashboard(insp.history)
+
+
+def test_the_probe_leaves_dropout_rng_grads_and_modes_as_it_found_them():
+    "A plain loop with dropout: the Diagnoser's probe draws nothing from dropout's generator and restores every .grad."
+    from minitrain_inspect.layers import Dropout
+
+    def loop(diagnoser):
+        model = Sequential(fc1=Linear(20, 32, rng=1), act1=ReLU(), drop=Dropout(0.3, rng=7), out=Linear(32, 2, rng=2))
+        loss_fn, (x, y) = SoftmaxCrossEntropy(), toy(0)
+        opt = Adam(model.parameters(), lr=1e-2)
+        grads = hashlib.sha256()
+        if diagnoser is not None:
+            diagnoser.attach(model, opt, loss_fn, x[:64], y[:64])     # its pre-step hook runs the probe first
+        opt.register_step_pre_hook(lambda o, a, k: [grads.update(p.grad.tobytes()) for p in model.parameters()])
+        for step in range(30):
+            opt.zero_grad()
+            loss_fn(model(x[step:step + 32]), y[step:step + 32])
+            model.backprop(loss_fn.backward())
+            opt.step()
+        modes = [m.training for _, m in model.named_modules()] + [loss_fn.training]
+        state = model["drop"].rng.bit_generator.state
+        params = hashlib.sha256(b"".join(p.data.tobytes() for p in model.parameters())).hexdigest()
+        return params, grads.hexdigest(), modes, state
+
+    plain, watched = loop(None), loop(Diagnoser(every=5))
+    assert plain == watched
