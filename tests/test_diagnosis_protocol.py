@@ -153,7 +153,10 @@ def test_the_probe_leaves_dropout_rng_grads_and_modes_as_it_found_them():
         grads = hashlib.sha256()
         if diagnoser is not None:
             diagnoser.attach(model, opt, loss_fn, x[:64], y[:64])     # its pre-step hook runs the probe first
-        opt.register_step_pre_hook(lambda o, a, k: [grads.update(p.grad.tobytes()) for p in model.parameters()])
+        def seen(optimizer, args, kwargs):
+            for p in model.parameters():
+                grads.update(p.grad.tobytes())
+        opt.register_step_pre_hook(seen)
         for step in range(30):
             opt.zero_grad()
             loss_fn(model(x[step:step + 32]), y[step:step + 32])
