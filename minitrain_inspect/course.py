@@ -23,15 +23,16 @@ from pathlib import Path
 from .stats import check_output_path, replace_folder, sigint_deferred
 
 # %% auto #0
-__all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'DISTINCTIVE_LENGTH', 'PROJECT_FILES', 'STUDENT_README',
-           'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TORCH_HINT', 'CourseError', 'stub_source', 'solution_regions',
-           'read_notebook', 'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id',
-           'check_compiles', 'stub_notebook', 'reference_root', 'find_project', 'course_notebooks',
-           'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release', 'failure_message', 'CellRun',
-           'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch',
-           'torch_installed', 'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation',
-           'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise',
-           'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
+__all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 'QUOTE_HINT', 'DISTINCTIVE_LENGTH',
+           'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TORCH_HINT', 'CourseError',
+           'stub_source', 'solution_regions', 'read_notebook', 'cell_source', 'directives', 'is_skipped',
+           'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles', 'cell_label', 'is_exercise_cell',
+           'check_code_markers', 'check_marker_text', 'check_markers', 'stub_notebook', 'reference_root',
+           'find_project', 'course_notebooks', 'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release',
+           'failure_message', 'CellRun', 'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult', 'NotebookResult',
+           'GradeReport', 'needs_torch', 'torch_installed', 'score_notebook', 'lock_graded_cells', 'notebooks_folder',
+           'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants',
+           'stub_exercise', 'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #81de45b8
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -175,17 +176,130 @@ def check_compiles(source: str, where: str) -> None:
     except SyntaxError as exc:
         raise CourseError(f"{where}: line {exc.lineno}: {exc.msg}") from None
 
+# %% ../nbs/16_course.ipynb #ed705cc9
+# BEGIN or END, any white space (none included), SOLUTION, in any case; BEGIN_SOLUTION (the constant's name) is not one
+MARKER_TEXT = re.compile(r"\b(BEGIN|END)\s*SOLUTION\b", re.IGNORECASE)
+QUOTE_HINT = "to quote a marker in prose write <code>### BEGIN&#32;SOLUTION</code>; in code build it in two halves"
+
+
+def cell_label(stem: str, index: int, cell: dict) -> str:
+    "How errors name a cell: `08_stats.ipynb cell 39 (id b1aaa7b9)`, or without the id if the cell has none."
+    cell_id = cell.get("id")
+    return f"{stem}.ipynb cell {index}" + (f" (id {cell_id})" if cell_id else "")
+
+
+def is_exercise_cell(cell: dict) -> bool:
+    "A code cell whose nbgrader metadata says `solution: true` and gives a grade_id: the only place for a solution region."
+    meta = nbgrader_meta(cell)
+    return cell.get("cell_type") == "code" and meta.get("solution") is True and isinstance(meta.get("grade_id"), str) \
+        and bool(meta["grade_id"])
+
+# %% ../nbs/16_course.ipynb #90c86aa5
+def _comment_lines(source: str, where: str) -> set[int]:
+    "The numbers (from 1) of the lines of `source` that hold a comment and nothing else; a `CourseError` if it does not tokenize."
+    import io
+    import tokenize
+    found = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(_compilable(source)).readline):
+            if token.type == tokenize.COMMENT and token.line.strip() == token.string.strip():
+                found.add(token.start[0])
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise CourseError(f"{where}: cannot read it as Python to check its markers: {exc}") from None
+    return found
+
+# %% ../nbs/16_course.ipynb #f22b99ce
+def _line_of(source: str, offset: int) -> tuple[int, str]:
+    "The number (from 1) and text of the line of `source` holding character `offset`."
+    number = source.count("\n", 0, offset) + 1
+    return number, source.splitlines()[number - 1]
+
+
+def check_code_markers(source: str, where: str, exercise: bool) -> None:
+    """Refuse, naming `where` and the line, marker text in a code cell's `source` that is not a whole marker line,
+    a marker line inside a string, markers that do not pair, a region outside an `exercise` cell, and an exercise
+    cell without a region."""
+    comments, regions = None, 0
+    for match in MARKER_TEXT.finditer(source):
+        number, line = _line_of(source, match.start())
+        if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION) or "\n" in match.group():
+            raise CourseError(f"{where}: line {number}: {line.strip()!r} is not a marker: a marker is a line that is "
+                              f"exactly {BEGIN_SOLUTION!r} or {END_SOLUTION!r} ({QUOTE_HINT})")
+        if not exercise:
+            raise CourseError(f"{where}: line {number}: a solution marker in a cell that is not an exercise cell "
+                              "(a code cell with nbgrader metadata solution: true and a grade_id)")
+        comments = _comment_lines(source, where) if comments is None else comments
+        if number not in comments:
+            raise CourseError(f"{where}: line {number}: {line.strip()!r} is inside a string, not a comment line of its own")
+        regions += line.strip() == BEGIN_SOLUTION
+    stub_source(source, "x", "x", where)            # raises on markers that do not pair
+    if exercise and not regions:
+        raise CourseError(f"{where}: an exercise cell without a solution region: the release would ship it whole "
+                          f"(mark the student's part with {BEGIN_SOLUTION!r} and {END_SOLUTION!r} lines)")
+
+# %% ../nbs/16_course.ipynb #653bdc3f
+def _strings(value):
+    "Every string in a JSON value (keys included), depth first."
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _refuse_marker_text(value, where: str, place: str) -> None:
+    for text in _strings(value):
+        match = MARKER_TEXT.search(text)
+        if match:
+            raise CourseError(f"{where}: marker text {match.group()!r} in {place}: solution regions belong only in "
+                              f"exercise code cells ({QUOTE_HINT})")
+
+
+def check_marker_text(nb: dict, stem: str) -> None:
+    "Refuse marker text outside the source of code cells: in markdown and raw cells, cell metadata, outputs, attachments."
+    _refuse_marker_text(nb.get("metadata", {}), f"{stem}.ipynb", "the notebook's metadata")
+    for index, cell in enumerate(nb["cells"]):
+        where = cell_label(stem, index, cell)
+        if cell["cell_type"] != "code":
+            _refuse_marker_text(cell_source(cell), where, f"a {cell['cell_type']} cell")
+        for key in ("metadata", "outputs", "attachments"):
+            _refuse_marker_text(cell.get(key, {}), where, f"its {key}")
+
+# %% ../nbs/16_course.ipynb #f491ae12
+def check_markers(nb: dict, stem: str) -> None:
+    "Refuse, naming the notebook and cell, any marker a release could mistake or miss, and a graded cell of no exercise."
+    check_marker_text(nb, stem)
+    exercises = {nbgrader_meta(c)["grade_id"] for c in nb["cells"] if is_exercise_cell(c)}
+    for index, cell in enumerate(nb["cells"]):
+        where = cell_label(stem, index, cell)
+        if cell["cell_type"] == "code":
+            check_code_markers(cell_source(cell), where, is_exercise_cell(cell))
+        if not nbgrader_meta(cell).get("grade"):
+            continue
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        if not isinstance(grade_id, str) or not grade_id:
+            raise CourseError(f"{where}: a graded cell needs a grade_id, got {grade_id!r}")
+        if exercise_of(grade_id) not in exercises:
+            raise CourseError(f"{where}: graded cell {grade_id!r} tests exercise {exercise_of(grade_id)!r}, but no "
+                              f"exercise cell of {stem}.ipynb has that grade_id (its exercises: {', '.join(sorted(exercises)) or 'none'})")
+
 # %% ../nbs/16_course.ipynb #be7da9b3
 def stub_notebook(nb: dict, stem: str) -> tuple[dict, list[str]]:
     """A copy of notebook `nb` (named `stem`) with every solution region stubbed and every output cleared, and the ids
-    of the exercises stubbed. Raises `CourseError` naming the cell if a stubbed cell is not valid Python."""
+    of the exercises stubbed. Raises `CourseError` naming the cell if `check_markers` refuses the notebook, or if a
+    stubbed cell is not valid Python."""
+    check_markers(nb, stem)
     nb = json.loads(json.dumps(nb))
     exercises = []
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
         cell["outputs"], cell["execution_count"] = [], None
-        source, where = cell_source(cell), f"{stem}.ipynb cell {index}"
+        source, where = cell_source(cell), cell_label(stem, index, cell)
         if any(line.strip() in (BEGIN_SOLUTION, END_SOLUTION) for line in source.splitlines()):
             exercise = exercise_id(cell, stem, index)
             source = stub_source(source, exercise, stem, where)
