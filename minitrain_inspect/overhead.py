@@ -34,12 +34,12 @@ from .twin import (INSTALL_HINT, TorchMissingError, require_torch, to_torch, tor
 
 # %% auto #0
 __all__ = ['VARIANTS', 'PLAIN_VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF',
-           'MINITRAIN_VARIANTS', 'SCALING_VARIANTS', 'OVERHEAD_KEYS', 'ROWS', 'FULL', 'QUICK', 'TrainingRun',
-           'lockstep', 'torch_threads', 'with_torch_dropout', 'torch_training_step', 'TorchHandles', 'TorchWatcher',
-           'FastaiHooks', 'torch_moments', 'torch_unit_health', 'TorchSpectralNorm', 'moment_fields', 'FullSetTensors',
-           'FullSetUpdates', 'FullSetHooks', 'TorchRun', 'floor_arrays', 'floor_bytes', 'read_seconds', 'measure',
-           'run_benchmark', 'kernels_description', 'blas_description', 'machine_description', 'results_markdown',
-           'write_results', 'add_overhead_arguments', 'overhead_command']
+           'MINITRAIN_VARIANTS', 'SCALING_VARIANTS', 'MAX_BENCH_STEPS', 'MAX_REPEATS', 'OVERHEAD_KEYS', 'ROWS', 'FULL',
+           'QUICK', 'TrainingRun', 'lockstep', 'torch_threads', 'with_torch_dropout', 'torch_training_step',
+           'TorchHandles', 'TorchWatcher', 'FastaiHooks', 'torch_moments', 'torch_unit_health', 'TorchSpectralNorm',
+           'moment_fields', 'FullSetTensors', 'FullSetUpdates', 'FullSetHooks', 'TorchRun', 'floor_arrays',
+           'floor_bytes', 'read_seconds', 'measure', 'run_benchmark', 'kernels_description', 'blas_description',
+           'machine_description', 'results_markdown', 'write_results', 'add_overhead_arguments', 'overhead_command']
 
 # %% ../nbs/13_overhead.ipynb #506fb166
 VARIANTS = {
@@ -567,11 +567,18 @@ def _check_sizes(label: str, values, limit: int | None = None) -> tuple:
     return tuple(int(v) for v in values)
 
 # %% ../nbs/13_overhead.ipynb #b3ca0f8f
+MAX_BENCH_STEPS = 100_000   # steps per timed run
+MAX_REPEATS = 100            # interleaved repeats, and repeats at each scaling point
+
+
 def _check_benchmark(steps, repeats, width_repeats, against, variants) -> tuple:
     "The variants to run, PyTorch's added for `against='torch'`; ValueError for any setting out of range."
-    for label, value, low in (("steps", steps, 3), ("repeats", repeats, 1), ("scaling repeats", width_repeats, 1)):
+    for label, value, low, high in (("steps", steps, 3, MAX_BENCH_STEPS), ("repeats", repeats, 1, MAX_REPEATS),
+                                    ("scaling repeats", width_repeats, 1, MAX_REPEATS)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"the benchmark needs {label} >= {low}, got {value!r}")
+        if value > high:
+            raise ValueError(f"the benchmark's {label} must be at most {high} (the documented limit), got {value}")
     if against not in (None, "torch"):
         raise ValueError(f"against must be None or 'torch', got {against!r}")
     variants = tuple(variants)
@@ -866,14 +873,15 @@ def _size_arguments(parser: argparse.ArgumentParser) -> None:
     "The flags that size the measurement: steps, repeats, and the scaling points (None: --quick's or FULL's value)."
     f, q = FULL, QUICK
     parser.add_argument("--steps", type=int, default=None, help=f"steps per timed run (default {f['steps']}; "
-                                                                 f"--quick {q['steps']})")
-    parser.add_argument("--repeats", type=int, default=None, help=f"interleaved repeats (default {f['repeats']})")
+                                                                 f"--quick {q['steps']}; at most {MAX_BENCH_STEPS})")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"interleaved repeats (default {f['repeats']}, at most {MAX_REPEATS})")
     parser.add_argument("--widths", type=int, nargs="*", default=None, metavar="WIDTH",
                         help="hidden widths for the scaling table (default 64 256 1024; none to skip)")
     parser.add_argument("--batches", type=int, nargs="*", default=None, metavar="BATCH",
                         help="batch sizes for the scaling table (default 16 64 256; none to skip)")
     parser.add_argument("--scaling-repeats", type=int, default=None, metavar="N",
-                        help=f"repeats at each scaling point (default {f['scaling_repeats']})")
+                        help=f"repeats at each scaling point (default {f['scaling_repeats']}, at most {MAX_REPEATS})")
 
 # %% ../nbs/13_overhead.ipynb #68dedcd9
 def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -236,6 +236,9 @@ def test_a_huge_blas_thread_count_is_refused_in_one_line(capsys):
     (["demo", "--out", "{tmp}/d", "--bench-widths", "100000000000"], "--bench-widths"),
     (["diagnose", "--gallery", "--seeds", "99999999999"], "--seeds"),
     (["diagnose", "--gallery", "--steps", "99999999999"], "--steps"),
+    (["overhead", "--repeats", "100000000000", "--quiet"], "repeats"),
+    (["overhead", "--scaling-repeats", "100000000000", "--quiet"], "scaling repeats"),
+    (["overhead", "--steps", "100000000000", "--quiet"], "steps"),
 ])
 def test_counts_beyond_their_documented_limit_are_refused(tmp_path, capsys, argv, limit):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
