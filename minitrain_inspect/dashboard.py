@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,10 @@ from .stats import atomic_output
 # %% auto #0
 __all__ = ['MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'LOSS_NAMES', 'UNIT_FIELDS', 'UNIT_LEGEND',
            'CHECKED', 'NOT_DIAGNOSED', 'HOW_TO_DIAGNOSE', 'NONFINITE_SERIES', 'STUCK_WORDS', 'MAX_SUMMARY_LAYERS',
-           'PANEL_PREFIXES', 'moving_average', 'corner_note', 'first_curves', 'keep_drawable', 'param_layer',
-           'LayerStyle', 'sparse_note', 'plot_per_layer', 'loss_name', 'draw_loss', 'output_layers', 'draw_activations',
-           'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram', 'draw_per_class',
-           'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
+           'SUMMARY_WIDTH', 'PANEL_PREFIXES', 'moving_average', 'corner_note', 'first_curves', 'keep_drawable',
+           'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'loss_name', 'draw_loss', 'output_layers',
+           'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram',
+           'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
            'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key',
            'render_dashboard', 'save_dashboard']
 
@@ -683,13 +684,17 @@ def summary_lines(history: History, max_events: int = 3) -> list[str]:
     return lines
 
 
+SUMMARY_WIDTH = 95   # characters of monospace text that fit the summary's half of the figure
+
+
 def draw_summary(ax, history: History) -> None:
     "The summary lines as text, non-finite values in red."
     ax.axis("off")
     ax.set_title("Summary", loc="left", fontsize=11, fontweight="bold")
     lines = summary_lines(history)
     colour = "red" if any(l.startswith("NON-FINITE") for l in lines) else "black"
-    ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=9.5,
+    wrapped = [w for line in lines for w in textwrap.wrap(line, SUMMARY_WIDTH, subsequent_indent="    ") or [""]]
+    ax.text(0.0, 1.0, "\n".join(wrapped), va="top", ha="left", family="monospace", fontsize=9.5,
             transform=ax.transAxes, color="black")
     if colour == "red":                       # in the title line: never over the summary's text
         ax.set_title("non-finite values!", loc="right", color="red", fontweight="bold", fontsize=11)
