@@ -218,7 +218,8 @@ def run_protocol_entry(name: str, rule: str, broken: bool, steps: int = 2000, ev
     result, diagnoser = run_rule(rule, config, thresholds)
     es, first = result.early_stop, (diagnoser.failing[0] if diagnoser.failing else None)
     row = {"name": name, "rule": rule, "broken": broken, "applicable": True, "needs": 1, "needs_why": "",
-           "flagged": first is not None, "step": None if first is None else first.step, "stopped": es.stopped,
+           "flagged": first is not None, "verdict": diagnoser.verdict, "step": None if first is None else first.step,
+           "stopped": es.stopped,
            "reasons": diagnoser.reasons, "fired": [] if first is None else [c.name for c in first.fired],
            "compute_saved": es.compute_saved, "accuracy_at_stop": headline(result), "final_accuracy": headline(result),
            "nan_step": None, "seconds": result.seconds, "seed_checks": seed_checks(diagnoser.reports),
