@@ -835,11 +835,12 @@ def _parallel(jobs, workers: int) -> list:
 
 # %% ../nbs/16_course.ipynb #6049336c
 def _grading_entries(folder: Path, ref_folder, only) -> list:
-    "(name, notebook or None when missing, missing graded cells) for each notebook of `folder` or `ref_folder` to grade."
+    """(name, notebook or None when missing, missing graded cells) for each notebook to grade: those of `folder`, or
+    with a reference only the reference's (a notebook the reference does not have counts for nothing)."""
     names = {p.name for p in course_notebooks(folder)}
     ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
     entries = []
-    for p in _select([Path(n) for n in sorted(names | ref_names)], only, folder):
+    for p in _select([Path(n) for n in sorted(ref_names if ref_folder else names)], only, ref_folder or folder):
         nb = read_notebook(folder / p.name) if p.name in names else None
         ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
         missing = graded_cells(ref, f"reference {p.name}") if ref is not None else []

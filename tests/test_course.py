@@ -405,3 +405,21 @@ def test_times():
     "Prints the measured times (run with -s to see them)."
     for name, seconds in TIMES.items():
         print(f"{name}: {seconds:.1f} s")
+
+
+def test_with_a_reference_only_the_references_notebooks_and_points_count(tmp_path):
+    "Issue 22 §1: a hand-in's own notebook, absent from the reference, scores nothing, however many points it claims."
+    ref, hand_in = tmp_path / "ref", tmp_path / "hand-in" / "nbs"
+    ref.mkdir()
+    hand_in.mkdir(parents=True)
+    course = _nb(("x = 2", {}), ("assert x == 3", _graded("real-tests", 7)))
+    (ref / "00_a.ipynb").write_text(json.dumps(course))
+    (hand_in / "00_a.ipynb").write_text(json.dumps(course))
+    (hand_in / "99_bonus.ipynb").write_text(json.dumps(_nb(("pass", _graded("bonus-tests", 1000)))))
+    r = cli("grade", str(hand_in.parent), "--json", "--reference", str(ref))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["points"], report["max_points"]) == (0, 7), report
+    assert [n["notebook"] for n in report["notebooks"]] == ["00_a"]
+    alone = json.loads(cli("grade", str(hand_in.parent), "--json").stdout)       # without a reference: its own course
+    assert alone["max_points"] == 1007
