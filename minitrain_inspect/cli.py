@@ -464,11 +464,20 @@ def _run_release(args) -> int:
     return 0
 
 
+def _isolation_warning() -> str:
+    "What `grade` says about isolation: none yet, so a hand-in runs with this user's powers."
+    import getpass
+    user = "root" if os.geteuid() == 0 else getpass.getuser()
+    return (f"{PROG}: warning: no isolation: each notebook runs as {user}, with that user's files, processes and network; "
+            f"grade untrusted hand-ins only inside a disposable container (README: what grade does not defend against)")
+
+
 def _run_grade(args) -> int:
     from minitrain_inspect.stats import to_jsonable
     from minitrain_inspect.course import grade
     report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
                    reference=args.reference)
+    print(_isolation_warning(), file=sys.stderr)     # after the checks: a refused input stays one line
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0
 
