@@ -399,7 +399,7 @@ def _histogram_labels(ax, history: History, name: str, steps, last_step: int | N
     if last_step is not None:
         ax.set_xlim(-0.5, max(last_step, int(steps[-1])) + 0.5)
         note = sparse_note(history, [f"units/{name}/histogram"], last_step)
-    ax.set_title(f"6 · {_short(name)}: its output values over time", loc="left", fontsize=10)
+    ax.set_title(f"6 · {_short(name)}: output values", loc="left", fontsize=10)   # short: up to 4 side by side
     ax.set_xlabel("training step" + (f"\n{note}" if note else ""))
     ax.set_ylabel("activation value (rows are values, not units)")
 

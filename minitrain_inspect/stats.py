@@ -23,10 +23,11 @@ import numpy as np
 from .core import sigint_deferred
 
 # %% auto #0
-__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON_DEPTH', 'check_int', 'float64_sum',
-           'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound', 'tensor_moments',
-           'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge', 'one_pass_moments', 'to_jsonable',
-           'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text', 'replace_folder']
+__all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON_DEPTH', 'check_int', 'refuse_longdouble',
+           'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound',
+           'tensor_moments', 'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge',
+           'one_pass_moments', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text',
+           'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -44,9 +45,17 @@ _BLOCK = 4096                            # values per block: NumPy sums a block,
 SUM_ERROR = (_BLOCK + 1) * 2.0 ** -53    # |float64_sum(x) - sum(x)| <= SUM_ERROR * sum(|x|), about 4.6e-13
 
 
+def refuse_longdouble(dtype) -> None:
+    "A TypeError for a float dtype wider than float64 (longdouble): its values do not all fit the float64 sums."
+    if dtype.kind == "f" and dtype.itemsize > 8:
+        raise TypeError(f"statistics accumulate in float64, which cannot hold every longdouble value exactly; convert "
+                        f"with .astype(np.float64) first, got dtype {dtype}")
+
+
 def _block_sums(flat: np.ndarray, squares: bool = False) -> list[float]:
     """The float64 sums of the values of 1-D `flat` (or of their squares), one per block of `_BLOCK` values (the last
     one may be shorter), by NumPy's own loops: einsum without `optimize` never calls BLAS."""
+    refuse_longdouble(flat.dtype)
     body = flat.size - flat.size % _BLOCK
     operands = 2 if squares else 1
     sums = []
@@ -90,9 +99,7 @@ def _as_numeric_array(x) -> np.ndarray:
         raise TypeError(f"statistics need real numbers, got dtype {x.dtype}")
     if x.dtype.kind == "b":
         x = x.astype(np.uint8)
-    if x.dtype.kind == "f" and x.dtype.itemsize > 8:    # longdouble: more range and digits than float64 holds
-        raise TypeError(f"statistics accumulate in float64, which cannot hold every longdouble value exactly; convert "
-                        f"with .astype(np.float64) first, got dtype {x.dtype}")
+    refuse_longdouble(x.dtype)      # longdouble: more range and digits than float64 holds
     return x
 
 # %% ../nbs/08_stats.ipynb #7f3de1bb

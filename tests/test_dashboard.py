@@ -365,7 +365,7 @@ def test_panels_measured_once_show_the_point_and_say_why(stopped_run):
         assert drawn and all(l.get_marker() == "o" for l in drawn), (ax.get_ylabel(), [l.get_marker() for l in drawn])
         assert "only step 0 measured: the run ended\nat step 7" in ax.get_xlabel(), ax.get_xlabel()
         assert ax.get_xlim()[1] >= 7, "the step axis spans the whole run"
-    histograms = [ax for ax in fig.axes if ax.get_title(loc="left").endswith("its output values over time")]
+    histograms = [ax for ax in fig.axes if ax.get_title(loc="left").endswith(": output values")]
     assert len(histograms) == 2
     for ax in histograms:
         assert ax.get_xlim() == (-0.5, 7.5), "one measurement is a narrow column, not the whole run"

@@ -61,7 +61,8 @@ def test_longdouble_is_refused_by_name_with_the_way_out(values):
     "Beyond float64's range or not, a longdouble array is refused naming the dtype and the conversion to make."
     from minitrain_inspect.stats import new_state, summarize, welford_update
     x = np.array(values, dtype=np.longdouble)
-    for measure in (tensor_moments, lambda v: summarize(welford_update(new_state(), v))):
+    from minitrain_inspect.stats import float64_sum, sum_of_squares
+    for measure in (tensor_moments, lambda v: summarize(welford_update(new_state(), v)), float64_sum, sum_of_squares):
         with pytest.raises(TypeError, match=r"longdouble.*\.astype\(np\.float64\)"):
             measure(x)
 
