@@ -19,14 +19,11 @@ from . import __version__     # the package's __init__: one line, no imports
 # Nothing else at the top: NumPy and the package's modules are imported where they are used, inside `main`.
 
 # %% auto #0
-__all__ = ['PROG', 'MAX_BENCH_STEPS', 'MAX_BENCH_REPEATS', 'MAX_GALLERY_STEPS', 'MAX_SEEDS', 'DEMO_DIAGNOSE_EVERY', 'SUBCOMMANDS',
-           'COMMANDS', 'OneLineParser', 'build_parser', 'staging_folder', 'publish', 'train_summary', 'new_folders',
-           'remove_new_folders', 'main']
+__all__ = ['PROG', 'MAX_GALLERY_STEPS', 'MAX_SEEDS', 'DEMO_DIAGNOSE_EVERY', 'SUBCOMMANDS', 'COMMANDS', 'OneLineParser',
+           'build_parser', 'staging_folder', 'publish', 'train_summary', 'new_folders', 'remove_new_folders', 'main']
 
 # %% ../nbs/18_cli.ipynb #6fae417a
 PROG = "minitrain-inspect"
-MAX_BENCH_STEPS = 100_000     # steps per timed benchmark run
-MAX_BENCH_REPEATS = 100       # interleaved benchmark repeats
 MAX_GALLERY_STEPS = 100_000   # planned steps of each run of the diagnosis gallery
 MAX_SEEDS = 100               # seeds of the gallery's healthy run
 
@@ -100,6 +97,7 @@ def _add_train_command(sub) -> None:
 
 # %% ../nbs/18_cli.ipynb #872994db
 def _add_demo_command(sub) -> None:
+    from minitrain_inspect.overhead import MAX_BENCH_STEPS, MAX_REPEATS      # the benchmark's own limits
     from minitrain_inspect.train import MAX_WIDTH
     d = sub.add_parser("demo", help="train with the Inspector on; write the dashboard, the history and results.md",
                        description="Train the past-tense model with the Inspector on, then write dashboard.png, "
@@ -108,7 +106,7 @@ def _add_demo_command(sub) -> None:
     _add_train_flags(d)
     d.add_argument("--budget", type=float, default=None, help="budget guard for the Inspector, e.g. 0.3 (default off)")
     d.add_argument("--bench-steps", type=int, default=200, help=f"steps per timed run (default 200, at most {MAX_BENCH_STEPS})")
-    d.add_argument("--bench-repeats", type=int, default=5, help=f"interleaved repeats (default 5, at most {MAX_BENCH_REPEATS})")
+    d.add_argument("--bench-repeats", type=int, default=5, help=f"interleaved repeats (default 5, at most {MAX_REPEATS})")
     d.add_argument("--bench-widths", type=int, nargs="*", default=[64, 256, 1024], metavar="WIDTH",
                    help=f"hidden widths for the scaling table (default 64 256 1024, each at most {MAX_WIDTH}; none to skip)")
     d.add_argument("--no-benchmark", action="store_true", help="skip the overhead benchmark")
@@ -337,6 +335,7 @@ def _at_most(name: str, value: int, limit: int) -> int:
 # %% ../nbs/18_cli.ipynb #2470724d
 def _check_demo_flags(args) -> TrainConfig:
     "Every flag of `demo`, checked before anything is built or written; returns the run's configuration."
+    from minitrain_inspect.overhead import MAX_BENCH_STEPS, MAX_REPEATS
     from minitrain_inspect.train import MAX_WIDTH
     config = _config(args)
     budget = args.budget
@@ -347,7 +346,7 @@ def _check_demo_flags(args) -> TrainConfig:
             raise ValueError(f"the benchmark needs at least 3 steps, got {args.bench_steps}")
         _at_most("bench-steps", args.bench_steps, MAX_BENCH_STEPS)
         _positive("bench-repeats", args.bench_repeats)
-        _at_most("bench-repeats", args.bench_repeats, MAX_BENCH_REPEATS)
+        _at_most("bench-repeats", args.bench_repeats, MAX_REPEATS)
         if any(w < 1 for w in args.bench_widths):
             raise ValueError(f"--bench-widths must be positive, got {args.bench_widths}")
         _at_most("bench-widths", max(args.bench_widths, default=1), MAX_WIDTH)

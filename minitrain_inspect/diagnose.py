@@ -671,8 +671,6 @@ class _DiagnoserRun(_DiagnoserState):
         self.reports.append(report)
         self.last_step = step
         self._tell_control(report, step)
-        if self.history is not None:
-            self.history.meta["diagnosis"] = self.summary()     # the dashboard's banner, also while the run goes on
         return report
 
     def _tell_control(self, report: DiagnosticReport, step: int) -> None:
