@@ -5,34 +5,45 @@
 # %% ../nbs/16_course.ipynb #e540a0b8
 from __future__ import annotations
 
+import _thread
+import functools
+import hmac
 import json
+import math
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .sandbox import Limits, isolation_mode, run_in_room
 from .stats import check_output_path, replace_folder, sigint_deferred
 
 # %% auto #0
 __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 'QUOTE_HINT', 'DISTINCTIVE_LENGTH',
-           'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TORCH_HINT', 'CourseError',
-           'stub_source', 'solution_regions', 'read_notebook', 'cell_source', 'directives', 'is_skipped',
-           'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles', 'cell_label', 'is_exercise_cell',
-           'check_code_markers', 'check_marker_text', 'check_markers', 'stub_notebook', 'reference_root',
-           'find_project', 'course_notebooks', 'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release',
-           'failure_message', 'CellRun', 'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult', 'NotebookResult',
-           'GradeReport', 'needs_torch', 'torch_installed', 'score_notebook', 'lock_graded_cells', 'notebooks_folder',
-           'grade', 'Mutation', 'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants',
-           'stub_exercise', 'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
+           'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TRUSTED_IMPORTS', 'TRUSTED_ROOTS',
+           'HARNESS', 'KEPT_ENV', 'TORCH_HINT', 'CourseError', 'stub_source', 'solution_regions', 'read_notebook',
+           'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles',
+           'cell_label', 'is_exercise_cell', 'check_code_markers', 'check_marker_text', 'check_markers',
+           'stub_notebook', 'reference_root', 'find_project', 'course_notebooks', 'distinctive_solution_lines',
+           'find_leaks', 'student_readme', 'release', 'failure_message', 'harness_snapshot', 'harness_tampered',
+           'harness_guard', 'harness_describe', 'harness_trusted', 'harness_park', 'harness_overlay', 'harness_main',
+           'child_program', 'read_channel', 'CellRun', 'module_notebook', 'course_package', 'run_cells', 'GradedCell',
+           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed',
+           'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations',
+           'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
+           'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #81de45b8
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -498,46 +509,6 @@ def release(out_dir, project=None, force: bool = False) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
-# %% ../nbs/16_course.ipynb #e39740ce
-DEFAULT_TIMEOUT = 180.0     # seconds per notebook; a notebook runs in well under 60 s alone
-DEFAULT_WORKERS = 2
-
-_CHILD = r'''
-import json, sys, traceback
-cells_path, results_path = sys.argv[1], sys.argv[2]
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-except ImportError:
-    pass
-cells = json.load(open(cells_path, encoding="utf-8"))
-namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-results = open(results_path, "a", encoding="utf-8", buffering=1)
-for cell in cells:
-    index, source = cell["index"], cell["source"]
-    record = {"index": index, "ok": True}
-    try:
-        exec(compile(source, f"<cell {index}>", "exec"), namespace)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-        message = lines[0] if lines else ""
-        if message.endswith(":") and len(lines) > 1:      # fastcore's test_eq says '==:', then both values
-            message = " ".join(lines[:3])
-        record = {"index": index, "ok": False, "error": type(exc).__name__, "message": message[:300]}
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<cell {index}>"]
-        if frames and frames[-1].lineno:
-            code_lines = source.splitlines()
-            if 0 < frames[-1].lineno <= len(code_lines):
-                record["line"] = frames[-1].lineno
-                record["code"] = code_lines[frames[-1].lineno - 1].strip()[:200]
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:
-        pyplot.close("all")
-    results.write(json.dumps(record) + "\n")
-'''
-
 # %% ../nbs/16_course.ipynb #51a9b264
 def failure_message(record: dict) -> str:
     """One line for a failed cell's record: `Type: first line of the message`, or, for an assertion with no message,
@@ -547,20 +518,281 @@ def failure_message(record: dict) -> str:
         message += f" at line {record['line']}: {record['code']}"
     return message
 
-# %% ../nbs/16_course.ipynb #46afa9eb
+# %% ../nbs/16_course.ipynb #0e471d42
+DEFAULT_TIMEOUT = 180.0     # seconds per notebook; a notebook runs in well under 60 s alone
+DEFAULT_WORKERS = 2
+TRUSTED_IMPORTS = ("numpy", "numpy.testing", "fastcore.test", "minitrain_inspect.core")
+TRUSTED_ROOTS = ("builtins", "math", "numpy", "fastcore", "minitrain_inspect.core")
+
+
+def harness_snapshot(roots) -> tuple:
+    """Every attribute of the loaded modules under `roots`, of their Python classes, and each function's code and
+    defaults: `(owners, functions)`, tuples the notebook's code cannot change."""
+    import types
+    owners, functions, seen = [], [], set()
+    inside = lambda name: any(name == r or name.startswith(r + ".") for r in roots)
+    for name, module in list(sys.modules.items()):
+        if module is None or not inside(name):
+            continue
+        items = tuple((k, v) for k, v in vars(module).items() if type(k) is str)
+        owners.append((module, name, items))
+        for _, value in items:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, type) and inside(getattr(value, "__module__", "") or "") and not value.__flags__ & (1 << 8):
+                attrs = tuple(vars(value).items())
+                owners.append((value, f"{value.__module__}.{value.__qualname__}", attrs))
+                functions += [(f, f"{value.__qualname__}.{a}") for a, f in attrs if type(f) is types.FunctionType]
+            elif type(value) is types.FunctionType:
+                functions.append((value, f"{value.__module__}.{value.__qualname__}"))
+    return tuple(owners), tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__, label) for f, label in functions)
+
+# %% ../nbs/16_course.ipynb #9f68e8c4
+def harness_tampered(owners, functions, overlay, builtins_module, ns, names) -> str:
+    "What was replaced among the trusted objects since the snapshot, or '' when nothing was."
+    strkeys = lambda mapping: {k: v for k, v in mapping.items() if type(k) is str}
+    for owner, label, items in owners:
+        now = strkeys(vars(owner))
+        for name, value in items:
+            if now.get(name, owners) is not value:
+                return f"{label}.{name} was replaced"
+    for fn, code, defaults, kwdefaults, label in functions:
+        if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+            return f"{label} was changed"
+    space = strkeys(ns) if type(ns) is dict else {}
+    if space.get("__builtins__") is not builtins_module:
+        return "the notebook's __builtins__ was replaced"
+    for name in names:
+        if space.get(name, owners) is not overlay[name]:
+            return f"{name} was rebound while a graded cell ran"
+    return ""
+
+# %% ../nbs/16_course.ipynb #13b5de71
+def harness_guard(t_ident, protected, harness_codes):
+    "The audit hook of a graded run: `t_ident` is the trusted thread, `protected` the ids of the trusted functions."
+    get_ident = _thread.get_ident
+    blocked = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
+               "sys.addaudithook", "ctypes.cdata", "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"}
+    frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+    memory = {"memmove", "memcpy", "memset", "process_vm_readv", "process_vm_writev", "ptrace", "mprotect"}
+
+    def proc_memory(path) -> bool:
+        path = path.decode("utf-8", "replace") if type(path) is bytes else path
+        return type(path) is str and (path.rstrip("/").rsplit("/", 1)[-1] in ("mem", "pagemap")
+                                      or (path.startswith("/proc/") and "/mem" in path))
+
+    def hook(event, args):
+        refuse = (event in blocked or (event == "sys._current_frames" and get_ident() != t_ident)
+                  or (get_ident() == t_ident and (event == "sys._getframe" or
+                                                  (event == "object.__getattr__" and args[1] in frame_attrs)))
+                  or (event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__")
+                      and id(args[0]) in protected)
+                  or (event == "function.__new__" and id(args[0]) in harness_codes)
+                  or (event == "ctypes.dlsym" and type(args[1]) is str and (args[1].startswith(("Py", "_Py")) or args[1] in memory))
+                  or (event in ("open", "os.symlink", "os.link") and any(proc_memory(a) for a in args[:2])))
+        if refuse:
+            raise PermissionError(f"the grader does not allow {event} in a graded notebook")
+    return hook
+
+# %% ../nbs/16_course.ipynb #8e688eb3
+def harness_describe(exc, source: str, index: int) -> str:
+    "The report's line for exception `exc` raised by cell `index` whose code is `source`."
+    import traceback
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    if message.endswith(":") and len(lines) > 1:       # fastcore's test_eq says '==:', then both values
+        message = " ".join(lines[:3])
+    record = {"error": type(exc).__name__, "message": message[:300]}
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<cell {index}>"]
+    code_lines = source.splitlines()
+    if frames and frames[-1].lineno and 0 < frames[-1].lineno <= len(code_lines):
+        record.update(line=frames[-1].lineno, code=code_lines[frames[-1].lineno - 1].strip()[:200])
+    return failure_message(record)
+
+# %% ../nbs/16_course.ipynb #3a54b3ba
+def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
+    "The trusted thread of a graded run (see above); `tampered` is `harness_tampered`."
+    import _hashlib, json, time
+    read, write, digest, frames, sleep = os.read, os.write, _hashlib.hmac_digest, sys._current_frames, time.sleep
+    chunks = []
+    while chunk := read(0, 1 << 20):
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    key, plan = data[:32], json.loads(data[32:].decode("utf-8"))
+    outbox.put(plan)
+    owners, functions, overlay, builtins_module, main_code, park_code = inbox.get()
+    for seq, cell in enumerate(plan["cells"]):
+        while True:
+            frame = frames().get(main_ident)
+            if (frame is not None and frame.f_code is park_code and frame.f_back is not None
+                    and frame.f_back.f_code is main_code and frame.f_back.f_locals.get("seq") == seq):
+                here = frame.f_back.f_locals
+                break
+            sleep(0.002)
+        status, message = here.get("status"), here.get("message")
+        if type(status) is not str or type(message) is not str or status not in ("ok", "fail"):
+            status, message = "tamper", "the harness's record of the cell was not its own"
+        elif cell["graded"]:
+            try:
+                reason = tampered(owners, functions, overlay, builtins_module, here.get("ns"),
+                                  [n for n in cell["names"] if n in overlay])
+            except BaseException as exc:
+                reason = f"checking the trusted helpers failed ({type(exc).__name__})"
+            if reason:
+                status, message = "tamper", reason
+        body = f"{seq}\t{cell['index']}\t{status}\t{message[:300].encode('utf-8', 'replace').hex()}"
+        write(plan["fd"], (body + "\t" + digest(key, body.encode(), "sha256").hex() + "\n").encode())
+        go.release()
+
+# %% ../nbs/16_course.ipynb #603ae604
+def harness_park(go) -> None:
+    "The main thread waits here, its outcome in its frame, until the trusted thread has read it."
+    go.acquire()
+
+# %% ../nbs/16_course.ipynb #efe2b83a
+def harness_overlay(imported: dict) -> dict:
+    "The trusted objects a graded cell's names are bound to: the test helpers, `np`, `numpy`, `math`."
+    import math
+    overlay = {"math": math}
+    if "numpy" in imported:
+        overlay.update(np=imported["numpy"], numpy=imported["numpy"])
+    if "fastcore.test" in imported:
+        test = imported["fastcore.test"]
+        overlay.update({k: getattr(test, k) for k in test.__all__ if hasattr(test, k)})
+    core = imported.get("minitrain_inspect.core")
+    if core is not None and hasattr(core, "expect_error"):
+        overlay["expect_error"] = core.expect_error
+    return overlay
+
+# %% ../nbs/16_course.ipynb #227bdf81
+def harness_main() -> None:
+    "The main thread of a graded run: the plan's cells, one by one, each parked for the trusted thread."
+    import _queue, builtins
+    run, build, exact_str, base_exception, modules = exec, compile, str.__str__, BaseException, sys.modules
+    park, trusted, tampered, snapshot, guard = harness_park, harness_trusted, harness_tampered, harness_snapshot, harness_guard
+    for name in ("harness_park", "harness_trusted", "harness_tampered", "harness_snapshot", "harness_guard", "harness_main"):
+        vars(modules["__main__"]).pop(name, None)
+    inbox, outbox, go = _queue.SimpleQueue(), _queue.SimpleQueue(), _thread.allocate_lock()
+    go.acquire()
+    t_ident = _thread.start_new_thread(trusted, (inbox, outbox, go, _thread.get_ident(), tampered))
+    plan = outbox.get()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+    except ImportError:
+        pass
+    imported = {}
+    for name in plan["trusted"]:
+        try:
+            imported[name] = __import__(name, fromlist=["_"])
+        except ImportError:
+            pass
+    overlay, (owners, functions) = harness_overlay(imported), snapshot(plan["roots"])
+    main_code = sys._getframe().f_code
+    inbox.put((owners, functions, overlay, builtins, main_code, park.__code__))
+    sys.addaudithook(guard(t_ident, frozenset(id(f[0]) for f in functions),
+                           frozenset(id(c) for c in (main_code, park.__code__, trusted.__code__))))
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    for seq, cell in enumerate(plan["cells"]):
+        status, message = "fail", ""
+        try:
+            code = build(cell["source"], f"<cell {cell['index']}>", "exec")
+            if cell["graded"]:
+                ns["__builtins__"] = builtins
+                ns.update({name: overlay[name] for name in cell["names"] if name in overlay})
+            run(code, ns)
+            status = "ok"
+        except base_exception as exc:
+            try:
+                message = exact_str(harness_describe(exc, cell["source"], cell["index"]))
+            except base_exception:
+                message = "an error that could not be described"
+        try:
+            pyplot = modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                pyplot.close("all")
+        except base_exception:
+            pass
+        park(go)
+
+# %% ../nbs/16_course.ipynb #d7f007d4
+HARNESS = (failure_message, harness_describe, harness_snapshot, harness_tampered, harness_guard, harness_trusted,
+           harness_park, harness_overlay, harness_main)
+
+
+@functools.lru_cache(maxsize=None)
+def child_program() -> str:
+    "The child's program: the harness functions' source and a call of `harness_main`."
+    import inspect
+    return "\n\n".join(["import _thread, os, sys", *(inspect.getsource(f) for f in HARNESS), "harness_main()\n"])
+
+# %% ../nbs/16_course.ipynb #96fa06aa
+def _record_mac(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode(), "sha256").hexdigest()
+
+
+def read_channel(data: bytes, key: bytes, cells: list) -> tuple[dict, str]:
+    """Cell index -> `(ok, message)` from the records in `data` of the run of `cells`, and the reason the run was
+    found tampered with ('' if it was not)."""
+    results, lines = {}, data.decode("utf-8", "replace").split("\n")
+    for seq, line in enumerate(lines[:-1]):
+        parts = line.split("\t")
+        if len(parts) != 5 or not hmac.compare_digest(_record_mac(key, "\t".join(parts[:4])), parts[4]):
+            return results, "the results channel carried a record the grader did not write"
+        if seq >= len(cells) or parts[:2] != [str(seq), str(cells[seq]["index"])] or parts[2] not in ("ok", "fail", "tamper"):
+            return results, "the results channel's records were out of order"
+        try:
+            message = bytes.fromhex(parts[3]).decode("utf-8", "replace")
+        except ValueError:
+            return results, "the results channel carried a malformed record"
+        if parts[2] == "tamper":
+            return results, message
+        results[cells[seq]["index"]] = (parts[2] == "ok", message)
+    return results, ("the results channel carried a record the grader did not write" if lines[-1] else "")
+
+# %% ../nbs/16_course.ipynb #da9670cb
 @dataclass
 class CellRun:
-    "What happened when a notebook's cells ran: per cell index, `(ok, message)`; the run's status and wall time."
+    """What happened when a notebook's cells ran: per cell index, `(ok, message)`; the run's status and wall time;
+    `tampered`, the reason the grader found the run tampered with ('' if it was not)."""
     results: dict
     status: str
     seconds: float
     skipped: list = field(default_factory=list)
+    tampered: str = ""
 
-# %% ../nbs/16_course.ipynb #a7c159cb
-def _child_env() -> dict:
-    env = dict(os.environ, MPLBACKEND="Agg", IN_TEST="1", PYTHONDONTWRITEBYTECODE="1", OPENBLAS_NUM_THREADS="1",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(reference_root())] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+# %% ../nbs/16_course.ipynb #cd21af5e
+def module_notebook(path) -> str | None:
+    "The stem of the notebook a module of the package was exported from (its nbdev header), or None."
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(1000)
+    found = re.search(r"File to edit: \S*?nbs/([^/\s]+)\.ipynb", head)
+    return found.group(1) if found else None
+
+
+def course_package(dest, stem: str, package=None) -> Path:
+    """Copy into `dest/minitrain_inspect` the modules of the reference `package` (default: the grader's own)
+    exported from notebooks before `stem` in course order, and its `__init__.py`; the copy's folder."""
+    package = Path(package) if package is not None else reference_root() / "minitrain_inspect"
+    target = Path(dest) / "minitrain_inspect"
+    target.mkdir(parents=True)
+    for module in sorted(package.glob("*.py")):
+        source_stem = module_notebook(module)
+        if module.name == "__init__.py" or (source_stem is not None and source_stem < stem):
+            shutil.copyfile(module, target / module.name)
+    return target
+
+# %% ../nbs/16_course.ipynb #fbefa7ca
+KEPT_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LANG", "LC_ALL", "TZ")
+
+
+def _child_env(package: str, home: str) -> dict:
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+           "HOME": home, "MPLCONFIGDIR": f"{home}/.config/matplotlib", "MPLBACKEND": "Agg", "IN_TEST": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "PYTHONPATH": package}
+    env.update({name: os.environ[name] for name in KEPT_ENV if name in os.environ})
     return env
 
 
@@ -581,59 +813,102 @@ def _cells_to_run(nb: dict, upto=None, skip_flags=("slow",)) -> tuple[list, list
         (skipped if is_skipped(source, skip_flags) else chosen).append({"index": index, "source": _compilable(source)})
     return chosen, [c["index"] for c in skipped]
 
-# %% ../nbs/16_course.ipynb #683468a3
-def _wait_for_child(process: subprocess.Popen, timeout: float, children=None) -> str:
-    "Wait for `process` at most `timeout` s, then kill its process group whatever happened; the run's status."
-    if children is not None:
-        children.add(process)
+# %% ../nbs/16_course.ipynb #1cc1024b
+def _names_used(source: str) -> list[str]:
+    "The global names the code of `source` (and any function it defines) looks up; [] if it does not compile."
     try:
-        code = process.wait(timeout=timeout)
-        status = "ok" if code == 0 else f"crashed (exit code {code})"
-    except subprocess.TimeoutExpired:
-        status = f"timed out after {timeout:g} s"
+        code = compile(source, "<cell>", "exec")
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
+        return []
+    names, stack = set(), [code]
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return sorted(names)
+
+# %% ../nbs/16_course.ipynb #93155aa0
+def _status(code: int, timeout: float, log: Path) -> str:
+    if code == 0:
+        return "ok"
+    if code == 124:
+        return f"timed out after {timeout:g} s"
+    if code == 125:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines() if log.exists() else []
+        return f"crashed (the grader's room could not be built: {lines[-1] if lines else 'no reason given'})"
+    return f"crashed (exit code {code})"
+
+
+def _font_cache(home: str) -> list[tuple[str, str]]:
+    "Matplotlib's font list, to copy into the child's home, so that each run does not rebuild it (a second or two)."
+    try:
+        import matplotlib
+        cache = Path(matplotlib.get_cachedir())
+    except Exception:
+        return []
+    return [(str(p), f"{home}/.config/matplotlib/{p.name}") for p in sorted(cache.glob("fontlist-*.json"))]
+
+
+def _drain(fd: int, into: list) -> None:
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            into.append(chunk)
     finally:
-        _kill_group(process)            # a hung child, and anything it started
-        process.wait()
-        if children is not None:
-            children.discard(process)
-    return status
+        os.close(fd)
 
-# %% ../nbs/16_course.ipynb #a034bbfe
-def _read_results(results_path: Path) -> dict:
-    "Cell index -> `(ok, message)` from the child's JSON lines at `results_path` (none if it wrote nothing)."
-    results = {}
-    if results_path.exists():
-        for line in results_path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                break                       # a line cut short by a crash
-            results[record["index"]] = (True, "") if record["ok"] else (False, failure_message(record))
-    return results
+# %% ../nbs/16_course.ipynb #79ad5e95
+def _reference_hidden() -> list[Path]:
+    "What of the reference the child must not see: the package's folder, and the project around it if there is one."
+    root = reference_root()
+    return [root / "minitrain_inspect", *([root] if _is_project(root) else [])]
 
-# %% ../nbs/16_course.ipynb #0d3c9f10
+
 def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, skip_flags=("slow",),
-              children=None) -> CellRun:
-    """Run the code cells of notebook `nb` (a dict; `name` is its file name) in a subprocess, in a temporary copy's
-    folder, up to cell index `upto` (default: all), skipping what `nbdev_test` skips; killed after `timeout` s.
-    `children`, a set, holds the subprocess while it runs, so that a caller running several can kill them all."""
+              children=None, hide=()) -> CellRun:
+    """Run the code cells of notebook `nb` (a dict; `name` is its file name) in the grader's room, up to cell index
+    `upto` (default: all), skipping what `nbdev_test` skips; killed after `timeout` s. `hide`: more folders the
+    child must not see. `children`, a set, holds the subprocess while it runs, so that a caller can kill them all."""
     chosen, skipped = _cells_to_run(nb, upto, skip_flags)
-    base = Path(tempfile.mkdtemp(prefix="minitrain-grade-"))
-    work, results_path = base / "run", base / "results.jsonl"     # the notebook's folder holds only the notebook
-    start = time.perf_counter()
+    graded = {i for i, cell in enumerate(nb["cells"]) if nbgrader_meta(cell).get("grade")}
+    cells = [dict(c, graded=c["index"] in graded, names=_names_used(c["source"]) if c["index"] in graded else [])
+             for c in chosen]
+    base, key, start = Path(tempfile.mkdtemp(prefix="minitrain-grade-")), secrets.token_bytes(32), time.perf_counter()
+    read_end, write_end = os.pipe()
+    received = []
+    reader = threading.Thread(target=_drain, args=(read_end, received), daemon=True)
     try:
-        work.mkdir()
-        (work / name).write_text(json.dumps(nb), encoding="utf-8")
-        (base / "cells.json").write_text(json.dumps(chosen), encoding="utf-8")
+        inside = isolation_mode() != "limits only"
+        _prepare_run_folder(base, nb, name, inside)
+        env = _child_env("/tmp/pkg" if inside else str(base / "pkg"), "/tmp/home" if inside else str(base / "home"))
+        plan = json.dumps({"fd": write_end, "cells": cells, "trusted": TRUSTED_IMPORTS, "roots": TRUSTED_ROOTS})
+        reader.start()
         with open(base / "output.log", "wb") as log:
-            process = subprocess.Popen([sys.executable, "-c", _CHILD, str(base / "cells.json"), str(results_path)], cwd=work,
-                                       env=_child_env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)
-            status = _wait_for_child(process, timeout, children)
-        seconds = time.perf_counter() - start
-        return CellRun(results=_read_results(results_path), status=status, seconds=seconds, skipped=skipped)
+            code = run_in_room([sys.executable, "-s", "-c", child_program()], base / "run", env, timeout,
+                               Limits(cpu_seconds=2 * math.ceil(timeout) + 5), hide=[*_reference_hidden(), *hide],
+                               copy=_font_cache("/tmp/home"), readonly=[(base / "pkg", "/tmp/pkg")], stdout=log,
+                               input=key + plan.encode(), pass_fds=(write_end,), children=children)
+        os.close(write_end)
+        write_end = None
+        reader.join(timeout=30)
+        results, tampered = read_channel(b"".join(received), key, cells)
+        return CellRun(results, _status(code, timeout, base / "output.log"), time.perf_counter() - start, skipped, tampered)
     finally:
+        if write_end is not None:
+            os.close(write_end)
         shutil.rmtree(base, ignore_errors=True)
+
+# %% ../nbs/16_course.ipynb #9c810486
+def _prepare_run_folder(base: Path, nb: dict, name: str, inside: bool) -> None:
+    (base / "run").mkdir()
+    (base / "home").mkdir()
+    (base / "run" / name).write_text(json.dumps(nb), encoding="utf-8")
+    course_package(base / "pkg", Path(name).stem)
+    if not inside:                                  # no room: the child reaches these through `base` itself
+        os.chmod(base, 0o711)
+        os.chmod(base / "home", 0o777)
+        for source, inside_path in _font_cache(str(base / "home")):
+            Path(inside_path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, inside_path)
 
 # %% ../nbs/16_course.ipynb #5d4f61ca
 @dataclass
@@ -764,6 +1039,8 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
     for e in exercises.values():
         if not e.graded:
             e.passed, e.points, e.max_points, e.message = False, 0, 0, f"not graded: it needs PyTorch ({TORCH_HINT})"
+        elif run.tampered:                  # the whole notebook scores 0, and says why
+            e.passed, e.points, e.message = False, 0, f"tampering detected: {run.tampered}"
     ungraded = [m for i, (ok, m) in sorted(run.results.items()) if not ok and i not in graded]
     result = NotebookResult(stem, round(run.seconds, 2), run.status, sum(e.points for e in exercises.values()),
                             sum(e.max_points for e in exercises.values()), len(ungraded), ungraded[0] if ungraded else "")
@@ -865,7 +1142,9 @@ def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFA
     if skip_flags is None:
         skip_flags = tuple(_settings(folder.parent).get("tst_flags", "").split()) if (folder.parent / "settings.ini").is_file() else ("slow",)
     entries = _grading_entries(folder, ref_folder, only)       # every notebook read and checked first
-    runs = _parallel([lambda children, nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags, children=children)
+    hide = [folder.parent, *([ref_folder.parent] if ref_folder else [])]      # other hand-ins, the reference
+    runs = _parallel([lambda children, nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags, children=children,
+                                                                   hide=hide)
                       if nb is not None and graded_cells(nb, name) else CellRun({}, "missing" if nb is None else "ok", 0.0)
                       for name, nb, missing in entries], workers)
     exercises, results = [], []
