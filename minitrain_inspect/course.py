@@ -573,9 +573,12 @@ def harness_guard(t_ident, protected, harness_codes):
     "The audit hook of a graded run: `t_ident` is the trusted thread, `protected` the ids of the trusted functions."
     get_ident = _thread.get_ident
     blocked = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
-               "sys.addaudithook", "ctypes.cdata", "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"}
+               "sys.addaudithook", "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"}
     frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
-    memory = {"memmove", "memcpy", "memset", "process_vm_readv", "process_vm_writev", "ptrace", "mprotect"}
+    symbols = {"memmove", "memcpy", "memset", "process_vm_readv", "process_vm_writev", "ptrace", "mprotect",
+               "PyFrame_LocalsToFast", "PyFrame_FastToLocals", "PyFrame_FastToLocalsWithError", "PyEval_GetFrame",
+               "PyThreadState_GetFrame", "PyThreadState_SetAsyncExc", "PyEval_SetTrace", "PyEval_SetProfile",
+               "_PyEval_SetTrace", "_PyEval_SetProfile", "PySys_AddAuditHook", "PyObject_GC_Track"}
 
     def proc_memory(path) -> bool:
         path = path.decode("utf-8", "replace") if type(path) is bytes else path
@@ -589,7 +592,7 @@ def harness_guard(t_ident, protected, harness_codes):
                   or (event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__")
                       and id(args[0]) in protected)
                   or (event == "function.__new__" and id(args[0]) in harness_codes)
-                  or (event == "ctypes.dlsym" and type(args[1]) is str and (args[1].startswith(("Py", "_Py")) or args[1] in memory))
+                  or (event == "ctypes.dlsym" and type(args[1]) is str and args[1] in symbols)
                   or (event in ("open", "os.symlink", "os.link") and any(proc_memory(a) for a in args[:2])))
         if refuse:
             raise PermissionError(f"the grader does not allow {event} in a graded notebook")
