@@ -19,9 +19,9 @@ from .stats import (FLOAT64_MAX, MAX_JSON_DEPTH, _as_numeric_array, all_finite, 
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'NONFINITE_VALUES',
            'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'SATURATION', 'UNIT_KINDS',
            'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
-           'to_strict_json', 'from_strict_json', 'HistoryFiles', 'HistoryTables', 'History', 'SpectralNorm',
-           'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges', 'fixed_histogram',
-           'unit_summary']
+           'to_strict_json', 'from_strict_json', 'HistoryFiles', 'series_bin_edges', 'HistoryTables', 'History',
+           'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges',
+           'fixed_histogram', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #0f02476e
 def _check_step(step) -> int:
@@ -400,7 +400,7 @@ def _is_histogram(series: BoundedSeries) -> bool:
     return bool(series.values) and type(series.values[0]) is list
 
 
-def _bin_edges(meta: dict, key: str, bins: int) -> np.ndarray:
+def series_bin_edges(meta: dict, key: str, bins: int) -> np.ndarray:
     "The `bins + 1` edges of histogram series `key`, from `meta['histogram'][name]` (key `panel/name/...`); else NaN."
     parts = key.split("/")
     info = meta.get("histogram", {}).get(parts[1]) if len(parts) > 2 and isinstance(meta.get("histogram"), dict) else None
@@ -428,7 +428,7 @@ class HistoryTables:
         rows = []
         for key in self.histogram_keys():
             s = self.series[key]
-            edges = _bin_edges(self.meta, key, len(s.values[0])).tolist()
+            edges = series_bin_edges(self.meta, key, len(s.values[0])).tolist()
             rows += [(key, step, b, edges[b], edges[b + 1], v) for step, row in zip(s.steps, s.values) for b, v in enumerate(row)]
         return rows
 
@@ -589,7 +589,7 @@ def _check_thinning(where: str, key: str, s: BoundedSeries, version: int) -> Non
         raise ValueError(f"{where}: series {key!r}: last_step must be an integer "
                          f"{'equal to' if version >= 3 else '>='} the last step, got {s.last_step!r}")
 
-
+# %% ../nbs/09_panels.ipynb #e7aedecf
 def _read_series(path: Path, number: int, line: str, max_points: int, version: int = HISTORY_VERSION
                  ) -> tuple[str, BoundedSeries]:
     "One series line of a file in format `version`, checked field by field and against its thinning state."
