@@ -480,3 +480,17 @@ def test_a_value_of_another_shape_is_refused(first, then, words):
     with pytest.raises(ValueError, match=f"'k': the series {words}"):
         h.record("k", 1, then)
     assert h.series["k"].steps == [0]
+
+
+def test_the_version_4_fixture_reads_and_writes_back_byte_for_byte(tmp_path):
+    "tests/data/history_v4.jsonl pins the format: what it holds, and that saving it again gives the same bytes."
+    h = History.load_jsonl(DATA / "history_v4.jsonl")
+    config = h.meta["config"]
+    assert (config["clip"], config["floor"], config["name"]) == (math.inf, -math.inf, "NaN") and math.isnan(config["wd"])
+    steps, values = h.get("loss/val")
+    assert steps.tolist() == [0, 5, 10, 11] and math.isnan(values[0])
+    assert values[1:].tolist() == [math.inf, -math.inf, 1.797e308]
+    rows = h.get("units/mlp.hidden1/histogram")[1]
+    assert rows.shape == (3, 3) and math.isnan(rows[0, 2]) and rows[1:, 2].tolist() == [0.25, 0.25]
+    again = h.save_jsonl(tmp_path / "again.jsonl")
+    assert again.read_bytes() == (DATA / "history_v4.jsonl").read_bytes()
