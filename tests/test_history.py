@@ -494,3 +494,13 @@ def test_the_version_4_fixture_reads_and_writes_back_byte_for_byte(tmp_path):
     assert rows.shape == (3, 3) and math.isnan(rows[0, 2]) and rows[1:, 2].tolist() == [0.25, 0.25]
     again = h.save_jsonl(tmp_path / "again.jsonl")
     assert again.read_bytes() == (DATA / "history_v4.jsonl").read_bytes()
+
+
+def test_a_snapshot_round_trips_told_apart_through_strict_json():
+    "The meta encoding is public (to_strict_json, from_strict_json) for any JSON document, an Inspector snapshot say."
+    snapshot = {"mlp.fc1": {"kind": "activation", "n": 0, "mean": math.nan, "min": math.inf, "max": -math.inf,
+                            "var": FLOAT64_MAX, "saturated": "var", "shape": np.array([2.0, np.inf])}}
+    text = json.dumps(panels.to_strict_json(snapshot), allow_nan=False)
+    back = panels.from_strict_json(json.loads(text, parse_constant=lambda token: pytest.fail(token)))["mlp.fc1"]
+    assert math.isnan(back["mean"]) and (back["min"], back["max"], back["var"]) == (math.inf, -math.inf, FLOAT64_MAX)
+    assert back["shape"] == [2.0, math.inf] and back["saturated"] == "var" and back["n"] == 0
