@@ -16,10 +16,12 @@ from .stats import (FLOAT64_MAX, MAX_JSON_DEPTH, _as_numeric_array, all_finite, 
                                     check_int, has_nan, sum_of_squares, to_jsonable)
 
 # %% auto #0
-__all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'SATURATION',
-           'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
-           'HistoryFiles', 'History', 'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram',
-           'histogram_edges', 'fixed_histogram', 'unit_summary']
+__all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'NONFINITE_VALUES',
+           'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'SATURATION', 'UNIT_KINDS',
+           'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
+           'to_strict_json', 'from_strict_json', 'HistoryFiles', 'series_bin_edges', 'HistoryTables', 'History',
+           'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges',
+           'fixed_histogram', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #0f02476e
 def _check_step(step) -> int:
@@ -189,25 +191,22 @@ class BoundedSeries(ThinnedSeries):
 
 # %% ../nbs/09_panels.ipynb #26972ee3
 HISTORY_FORMAT = "minitrain-inspect history"
-HISTORY_VERSION = 3                 # 3: each series saves `tail`
-HISTORY_READS = (2, 3)              # the versions load_jsonl reads
+HISTORY_VERSION = 4                 # 3: each series saves `tail`; 4: NaN and ±inf written so that they come back
+HISTORY_READS = (2, 3, 4)           # the versions load_jsonl reads
 MAX_HISTORY_BYTES = 256 * 2 ** 20   # the largest file load_jsonl reads unless told otherwise
+NONFINITE_VALUES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}   # their names in version 4
+FLOAT_TAG = "$float"                # version 4's meta: {"$float": "NaN"} is NaN, and so on
 
 # %% ../nbs/09_panels.ipynb #3aaaabaa
 def _clean_value(value):
-    """A value as stored in a series: a float (None -> NaN, ±inf -> ±FLOAT64_MAX) or a list of those; anything else
-    raises TypeError. Saturating ±inf, as the statistics do, keeps a huge value a huge number through a save (JSON
-    has no inf), where it would otherwise come back as a gap."""
+    """A value as stored in a series: a float (None -> NaN; NaN and ±inf kept as they are) or a flat list of floats;
+    anything else raises TypeError."""
     if value is None:
         return math.nan
     if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        value = float(value)
-        return value if not math.isinf(value) else math.copysign(FLOAT64_MAX, value)
+        return float(value)
     if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "fiu":
-        values = value.astype(float)   # a copy: saturated in place (two ufuncs; np.clip costs twice as much per call)
-        np.minimum(values, FLOAT64_MAX, out=values)
-        np.maximum(values, -FLOAT64_MAX, out=values)   # NaN stays NaN
-        return values.tolist()
+        return value.astype(float).tolist()
     if isinstance(value, (list, tuple)):
         return [_clean_value(v) if not isinstance(v, (list, tuple, np.ndarray)) else _not_a_value(value) for v in value]
     return _not_a_value(value)
@@ -215,6 +214,110 @@ def _clean_value(value):
 # %% ../nbs/09_panels.ipynb #f4770e6b
 def _not_a_value(value):
     raise TypeError(f"a value must be a number, None (null) or a flat list of those, got {value!r}")
+
+# %% ../nbs/09_panels.ipynb #ea26ceb0
+def _shape_of(value) -> str:
+    return f"a row of {len(value)} values" if type(value) is list else "a number"
+
+
+def _unlike(first, value):
+    "A ValueError: `value` is not of the shape of the series' `first` value."
+    raise ValueError(f"the series holds {_shape_of(first)} at each step, got {_shape_of(value)}")
+
+# %% ../nbs/09_panels.ipynb #7dbd1042
+def _nonfinite_name(value: float) -> str:
+    "'NaN', 'Infinity' or '-Infinity': a non-finite float's name in version 4."
+    return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+
+
+def _encode_value(value):
+    "One value (a float or a row) as version 4 writes it."
+    if type(value) is list:
+        return _encode_values(value)
+    value = float(value)
+    return value if math.isfinite(value) else _nonfinite_name(value)
+
+
+def _encode_values(values: list) -> list:
+    "A series' values as version 4 writes them: finite floats as they are, NaN and ±inf by name; rows likewise."
+    return [v if type(v) is float and v - v == 0.0 else _encode_value(v) for v in values]
+
+# %% ../nbs/09_panels.ipynb #ef8be9ff
+def _finite_literal(value) -> float:
+    "A number read from a file, as a float: a literal beyond float64 (`1e999`, a huge integer) is the largest float."
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf if value > 0 else -math.inf
+    return value if value - value == 0.0 else math.copysign(FLOAT64_MAX, value)
+
+
+def _decode_values(values: list, version: int, row: bool = False) -> list:
+    """A series' values read from a file of format `version`, as floats: numbers, null (NaN), in version 4 also
+    'NaN', 'Infinity' and '-Infinity'; or flat lists of those (rows). Anything else raises TypeError naming it."""
+    out = []
+    for v in values:
+        if type(v) is float or type(v) is int:
+            out.append(_finite_literal(v))
+        elif v is None:
+            out.append(math.nan)
+        elif type(v) is str and version >= 4 and v in NONFINITE_VALUES:
+            out.append(NONFINITE_VALUES[v])
+        elif type(v) is list and not row:
+            out.append(_decode_values(v, version, row=True))
+        else:
+            names = ', "NaN", "Infinity", "-Infinity"' if version >= 4 else ""
+            raise TypeError(f"a value must be a number, null{names} or a flat list of those, got {v!r}"[:300])
+    return out
+
+# %% ../nbs/09_panels.ipynb #ab654424
+def _tag_nonfinite(obj, depth: int):
+    "`obj` with every non-finite float replaced by `{FLOAT_TAG: name}`; nesting deeper than `depth` raises ValueError."
+    if isinstance(obj, (dict, list, tuple, np.ndarray)) and depth <= 0:
+        raise ValueError(f"cannot convert to JSON: nested more than {MAX_JSON_DEPTH} levels deep")
+    if isinstance(obj, dict):
+        if len(obj) == 1 and FLOAT_TAG in obj:
+            raise ValueError(f"a dict whose only key is {FLOAT_TAG!r} marks a non-finite number in strict JSON; "
+                             f"cannot write {obj!r}"[:300])
+        return {k: _tag_nonfinite(v, depth - 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_tag_nonfinite(v, depth - 1) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _tag_nonfinite(obj.tolist(), depth)
+    if isinstance(obj, (float, np.floating)) and not math.isfinite(obj):
+        return {FLOAT_TAG: _nonfinite_name(float(obj))}
+    return obj
+
+# %% ../nbs/09_panels.ipynb #a6c643c6
+def to_strict_json(obj, depth: int = MAX_JSON_DEPTH):
+    """`obj` (nested dicts, lists, NumPy values) as data for strict JSON that keeps every float: a non-finite one
+    becomes `{"$float": "NaN"}` (or "Infinity", "-Infinity"), which `from_strict_json` reads back. A dict whose only
+    key is "$float" raises ValueError, and so does anything `to_jsonable` refuses."""
+    return to_jsonable(_tag_nonfinite(obj, depth), depth + 1)   # + 1: a tag is one level of nesting
+
+
+def from_strict_json(obj, where: str = "JSON"):
+    """The inverse of `to_strict_json`: each `{"$float": name}` back to its float. A tag with another value raises
+    ValueError, naming `where` and the value."""
+    if isinstance(obj, dict):
+        if len(obj) == 1 and FLOAT_TAG in obj:
+            name = obj[FLOAT_TAG]
+            if type(name) is str and name in NONFINITE_VALUES:
+                return NONFINITE_VALUES[name]
+            raise ValueError(f"{where}: {FLOAT_TAG!r} must be 'NaN', 'Infinity' or '-Infinity', got {name!r}"[:300])
+        return {k: from_strict_json(v, where) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_strict_json(v, where) for v in obj]
+    return obj
+
+# %% ../nbs/09_panels.ipynb #3afdf1ec
+def _same_json(a, b) -> bool:
+    "Equal nested data, where NaN equals NaN (metadata read back from a file holds NaNs of its own)."
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    return a == b or (a != a and b != b)
 
 # %% ../nbs/09_panels.ipynb #25b4d75a
 def _check_history_size(path: Path, max_bytes: int) -> Path:
@@ -249,10 +352,10 @@ class HistoryFiles:
     def save_jsonl(self, path) -> Path:
         "Write the history to `path` as JSON Lines (format above), atomically. Returns the path."
         head = {"format": HISTORY_FORMAT, "version": HISTORY_VERSION, "series": len(self.series),
-                "max_points": self.max_points, "meta": to_jsonable(self.meta)}
+                "max_points": self.max_points, "meta": to_strict_json(self.meta)}
         lines = [json.dumps(head, allow_nan=False)]
         for key, s in self.series.items():
-            lines.append(json.dumps({"key": key, "steps": s.steps, "values": to_jsonable(s.values), "stride": s.stride,
+            lines.append(json.dumps({"key": key, "steps": s.steps, "values": _encode_values(s.values), "stride": s.stride,
                                      "offered": s.offered, "last_step": s.last_step, "tail": s.tail}, allow_nan=False))
         return atomic_write_text(path, "\n".join(lines) + "\n")
 
@@ -278,8 +381,74 @@ class HistoryFiles:
                              f"{len(history.series)} (truncated?)")
         return history
 
+# %% ../nbs/09_panels.ipynb #9a40f0fb
+PANDAS_HINT = 'pip install "minitrain-inspect[pandas]"'
+SCALAR_COLUMNS = ("series", "step", "value")
+HISTOGRAM_COLUMNS = ("series", "step", "bin", "lo", "hi", "value")
+
+
+def _require_pandas():
+    "The pandas module, or an ImportError that says how to install it."
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError(f"History.to_frame needs pandas, an optional extra: {PANDAS_HINT}") from None
+    return pandas
+
+# %% ../nbs/09_panels.ipynb #f17b5c03
+def _is_histogram(series: BoundedSeries) -> bool:
+    return bool(series.values) and type(series.values[0]) is list
+
+
+def series_bin_edges(meta: dict, key: str, bins: int) -> np.ndarray:
+    "The `bins + 1` edges of histogram series `key`, from `meta['histogram'][name]` (key `panel/name/...`); else NaN."
+    parts = key.split("/")
+    info = meta.get("histogram", {}).get(parts[1]) if len(parts) > 2 and isinstance(meta.get("histogram"), dict) else None
+    if isinstance(info, dict) and info.get("bins") == bins:
+        lo, hi = info.get("lo"), info.get("hi")
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (lo, hi)) and lo < hi:
+            return np.linspace(lo, hi, bins + 1)
+    return np.full(bins + 1, np.nan)
+
+# %% ../nbs/09_panels.ipynb #d0a1bbf3
+class HistoryTables:
+    "The history as tidy tables: rows of plain tuples, or pandas DataFrames (pandas: an optional extra)."
+
+    def histogram_keys(self) -> list[str]:
+        "Keys of the series whose values are rows (histograms), in first-recorded order."
+        return [key for key, s in self.series.items() if _is_histogram(s)]
+
+    def scalar_rows(self) -> list[tuple[str, int, float]]:
+        "`(series, step, value)` for each point of each series of numbers: by series (first recorded first), then step."
+        return [(key, step, value) for key, s in self.series.items() if not _is_histogram(s)
+                for step, value in zip(s.steps, s.values)]
+
+    def histogram_rows(self) -> list[tuple[str, int, int, float, float, float]]:
+        "`(series, step, bin, lo, hi, value)` for each bin of each histogram row; `lo`, `hi` the bin's edges (or NaN)."
+        rows = []
+        for key in self.histogram_keys():
+            s = self.series[key]
+            edges = series_bin_edges(self.meta, key, len(s.values[0])).tolist()
+            rows += [(key, step, b, edges[b], edges[b + 1], v) for step, row in zip(s.steps, s.values) for b, v in enumerate(row)]
+        return rows
+
+    def to_frame(self):
+        "A tidy pandas DataFrame of the series of numbers: columns series (str), step (int64), value (float64)."
+        return _frame(self.scalar_rows(), SCALAR_COLUMNS)
+
+    def histogram_frame(self):
+        "The histograms as a tidy pandas DataFrame: series, step, bin (int64), lo, hi (the bin's edges), value."
+        return _frame(self.histogram_rows(), HISTOGRAM_COLUMNS)
+
+# %% ../nbs/09_panels.ipynb #b347a183
+def _frame(rows: list, columns: tuple):
+    "A DataFrame of `rows`: the str column `series`, int64 `step` and `bin`, float64 for the others."
+    pd = _require_pandas()
+    frame = pd.DataFrame(rows, columns=list(columns)) if rows else pd.DataFrame({c: [] for c in columns})
+    return frame.astype({c: str if c == "series" else "int64" if c in ("step", "bin") else "float64" for c in columns})
+
 # %% ../nbs/09_panels.ipynb #ce25a664
-class History(HistoryFiles):
+class History(HistoryFiles, HistoryTables):
     "Bounded series by key (`panel/name/field`), plus metadata; saved and loaded as validated JSON Lines."
 
     def __init__(self, max_points: int = 512):
@@ -297,14 +466,18 @@ class History(HistoryFiles):
                 raise TypeError(f"a history key is a non-empty str, got {key!r}")
             series = BoundedSeries(self.max_points)
         try:   # a finite float (the common case) is stored as it is
-            series.append(step, value if type(value) is float and value - value == 0.0 else _clean_value(value))
+            value = value if type(value) is float and value - value == 0.0 else _clean_value(value)
+            first = series.values[0] if series.values else value
+            if type(first) is not type(value) or type(value) is list and len(value) != len(first):
+                _unlike(first, value)
+            series.append(step, value)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"history series {key!r}: {exc}") from None
         if new:  # only now: a failed first point leaves no empty series behind
             self.series[key] = series
 
     def get(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        "Steps and values of a series, as arrays (empty if nothing was recorded)."
+        "Steps and values of a series, as arrays: values a vector, or a matrix with a row per step for histograms."
         series = self.series.get(key)
         if series is None:
             return np.zeros(0, dtype=int), np.zeros(0)
@@ -326,7 +499,7 @@ class History(HistoryFiles):
         return sum(len(s) for s in self.series.values())
 
     def __eq__(self, other):
-        return (isinstance(other, History) and self.max_points == other.max_points and self.meta == other.meta
+        return (isinstance(other, History) and self.max_points == other.max_points and _same_json(self.meta, other.meta)
                 and list(self.series) == list(other.series) and all(s == other.series[k] for k, s in self.series.items()))
 
     def __repr__(self):
@@ -374,11 +547,11 @@ def _read_head(path: Path, line: str) -> tuple[History, int, int]:
         raise ValueError(f"{path}, line 1: series must be >= 0 and max_points between 2 and {MAX_POINTS_LIMIT}, "
                          f"got {expected} and {max_points}")
     try:
-        to_jsonable(meta)                                     # nested at most MAX_JSON_DEPTH levels
+        to_jsonable(meta, MAX_JSON_DEPTH + (version >= 4))      # nested at most MAX_JSON_DEPTH levels (+ 1: a tag)
     except ValueError as exc:
         raise ValueError(f"{path}, line 1: meta: {exc}") from None
     history = History(max_points)
-    history.meta = meta
+    history.meta = from_strict_json(meta, f"{path}, line 1: meta") if version >= 4 else meta
     return history, expected, version
 
 # %% ../nbs/09_panels.ipynb #32dfcbb4
@@ -416,7 +589,7 @@ def _check_thinning(where: str, key: str, s: BoundedSeries, version: int) -> Non
         raise ValueError(f"{where}: series {key!r}: last_step must be an integer "
                          f"{'equal to' if version >= 3 else '>='} the last step, got {s.last_step!r}")
 
-
+# %% ../nbs/09_panels.ipynb #e7aedecf
 def _read_series(path: Path, number: int, line: str, max_points: int, version: int = HISTORY_VERSION
                  ) -> tuple[str, BoundedSeries]:
     "One series line of a file in format `version`, checked field by field and against its thinning state."
@@ -435,8 +608,11 @@ def _read_series(path: Path, number: int, line: str, max_points: int, version: i
     _check_steps(where, key, s.steps, values, max_points)
     _check_thinning(where, key, s, version)
     try:
-        s.values = [_clean_value(v) for v in values]   # the same rules as `record`: null -> NaN, inf saturated
-    except TypeError as exc:
+        s.values = _decode_values(values, version)
+        for value in s.values[1:]:          # one shape throughout, as `record` keeps it
+            if type(value) is not type(s.values[0]) or type(value) is list and len(value) != len(s.values[0]):
+                _unlike(s.values[0], value)
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: series {key!r}: {exc}"[:400]) from None
     return key, s
 

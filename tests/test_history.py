@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 from minitrain_inspect import panels
 from minitrain_inspect.panels import HISTORY_VERSION, MAX_POINTS_LIMIT, BoundedSeries, History
 from minitrain_inspect.stats import FLOAT64_MAX
+
+DATA = Path(__file__).parent / "data"
 
 
 def sample_history(max_points=8):
@@ -82,8 +85,8 @@ def test_values_are_normalised():
     h.record("d", 0, None); h.record("e", 0, (1, None)); h.record("f", 0, -math.inf); h.record("g", 0, [math.inf])
     assert h.series["a"].values == [1.5] and h.series["b"].values == [2.0] and h.series["c"].values == [[0.5, 0.5]]
     assert math.isnan(h.series["d"].values[0]) and h.series["e"].values[0][0] == 1.0
-    # ±inf is saturated to the largest float64, as the statistics do: a huge number, never a gap after a save.
-    assert h.series["f"].values == [-FLOAT64_MAX] and h.series["g"].values == [[FLOAT64_MAX]]
+    # ±inf is kept as it is (format 4 saves it by name): an overflow is not the largest float.
+    assert h.series["f"].values == [-math.inf] and h.series["g"].values == [[math.inf]]
 
 
 @pytest.mark.parametrize("max_points", [0, 1, -2, MAX_POINTS_LIMIT + 1, 2.5, "512", True, None])
@@ -194,6 +197,17 @@ CORRUPTIONS = {
     "blank line in the middle": (lambda L: L[:2] + [""] + L[2:], 3, "not valid JSON"),
     "line is a number": (lambda L: L[:2] + ["42"] + L[3:], 3, "expected a JSON object"),
     "value a string": (lambda L: edit(L, 1, values=["0.5"] + json.loads(L[1])["values"][1:]), 2, "a value must be a number"),
+    "value a misspelt NaN": (lambda L: edit(L, 1, values=["nan"] + json.loads(L[1])["values"][1:]), 2,
+                             "a value must be a number, null, \"NaN\", \"Infinity\", \"-Infinity\" or a flat list of those, got 'nan'"),
+    "value named in version 3": (lambda L: edit(edit(L, 0, version=3), 1, values=["NaN"] + json.loads(L[1])["values"][1:]),
+                                 2, "a value must be a number, null or a flat list of those, got 'NaN'"),
+    "value a number in a histogram": (lambda L: edit(L, 2, values=[0.5] + json.loads(L[2])["values"][1:]), 3,
+                                      "the series holds a number at each step, got a row of 2 values"),
+    "rows of two lengths": (lambda L: edit(L, 2, values=[[0.5]] + json.loads(L[2])["values"][1:]), 3,
+                            "the series holds a row of 1 values at each step, got a row of 2 values"),
+    "meta tag misspelt": (lambda L: edit(L, 0, meta={"config": {"clip": {"$float": "inf"}}}), 1,
+                          "meta: '$float' must be 'NaN', 'Infinity' or '-Infinity', got 'inf'"),
+    "meta tag not a string": (lambda L: edit(L, 0, meta={"x": [{"$float": 1}]}), 1, "got 1"),
     "value a bool": (lambda L: edit(L, 1, values=[True] + json.loads(L[1])["values"][1:]), 2, "a value must be a number"),
     "value a dict": (lambda L: edit(L, 1, values=[{}] + json.loads(L[1])["values"][1:]), 2, "a value must be a number"),
     "value a nested list": (lambda L: edit(L, 2, values=[[[0.5]]] * len(json.loads(L[2])["values"])), 3,
@@ -346,3 +360,147 @@ def test_a_literal_beyond_float64_loads_saturated_not_as_inf(tmp_path):
     path.write_text(path.read_text().replace("1.0", "1e999"))
     loaded = History.load_jsonl(path)
     assert loaded.get("loss/train")[1][0] == FLOAT64_MAX
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Non-finite values (issue 24): NaN, +inf, -inf and the largest float come back as themselves, told apart, from a file
+# that stays strict JSON; format 4, and versions 2 and 3 still load.
+
+ODD = [math.nan, math.inf, -math.inf, FLOAT64_MAX, -FLOAT64_MAX, 0.0, -0.0, 1e-310]
+
+
+def same(a, b):
+    "Equal floats, NaN equal to NaN, and the sign of zero compared too."
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+
+
+def test_non_finite_values_round_trip_distinctly_in_series_rows_and_meta(tmp_path):
+    h = History()
+    for step, value in enumerate(ODD):
+        h.record("loss/train", step, value)
+    h.record("units/act1/histogram", 0, np.array(ODD))
+    h.record("units/act1/histogram", 1, np.array(ODD[::-1]))
+    h.meta["config"] = {name: value for name, value in zip("abcdefgh", ODD)}
+    h.meta["odd"] = [ODD, "NaN", "Infinity", {"$float": "NaN", "second key": 1}]   # strings stay strings
+    path = h.save_jsonl(tmp_path / "h.jsonl")
+    for line in path.read_text().splitlines():
+        json.loads(line, parse_constant=lambda token: pytest.fail(f"non-strict token {token}"))
+    back = History.load_jsonl(path)
+    assert back == h and back.get("loss/train")[1].shape == (len(ODD),)
+    got = back.series["loss/train"].values
+    assert all(same(g, w) for g, w in zip(got, ODD)) and len(got) == len(ODD)
+    row = back.series["units/act1/histogram"].values[1]
+    assert all(same(g, w) for g, w in zip(row, ODD[::-1]))
+    assert all(same(back.meta["config"][k], w) for k, w in zip("abcdefgh", ODD))
+    assert all(same(g, w) for g, w in zip(back.meta["odd"][0], ODD))
+    assert back.meta["odd"][1:] == ["NaN", "Infinity", {"$float": "NaN", "second key": 1}]
+    assert History.load_jsonl(back.save_jsonl(tmp_path / "again.jsonl")) == h
+    assert (tmp_path / "again.jsonl").read_text() == path.read_text()
+
+
+def test_the_written_spelling(tmp_path):
+    "The format as documented: names in a series, tags in meta, numbers as numbers."
+    h = History()
+    for step, value in enumerate([math.nan, math.inf, -math.inf, FLOAT64_MAX]):
+        h.record("k", step, value)
+    h.meta["x"] = [math.nan, math.inf, -math.inf, FLOAT64_MAX, "NaN"]
+    head, line = h.save_jsonl(tmp_path / "h.jsonl").read_text().splitlines()
+    assert json.loads(head)["version"] == 4 == HISTORY_VERSION
+    assert json.loads(head)["meta"]["x"] == [{"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"},
+                                             FLOAT64_MAX, "NaN"]
+    assert json.loads(line)["values"] == ["NaN", "Infinity", "-Infinity", FLOAT64_MAX]
+
+
+def test_a_meta_dict_that_looks_like_a_tag_is_refused_before_writing(tmp_path):
+    h = History()
+    h.meta["x"] = {"$float": "NaN"}
+    with pytest.raises(ValueError, match=r"only key is '\$float'"):
+        h.save_jsonl(tmp_path / "h.jsonl")
+    assert os.listdir(tmp_path) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(ODD), st.none()), max_size=30),
+       st.dictionaries(st.text(max_size=4), st.one_of(st.floats(), st.sampled_from(ODD), st.text(max_size=9)), max_size=6))
+def test_non_finite_round_trip_property(tmp_path_factory, values, meta):
+    h = History(64)
+    for step, value in enumerate(values):
+        h.record("k", step, value)
+    h.meta["m"] = meta
+    if any(k == "$float" for k in meta) and len(meta) == 1:
+        return
+    back = History.load_jsonl(h.save_jsonl(tmp_path_factory.mktemp("h") / "h.jsonl"))
+    assert back == h
+    assert all(same(g, w) for g, w in zip(back.series["k"].values if values else [], h.series["k"].values if values else []))
+
+
+def test_the_version_3_fixture_loads_as_it_was_written():
+    "tests/data/history_v3.jsonl was written by the version-3 code: NaN as null, inf saturated, NaN and inf in meta null."
+    h = History.load_jsonl(DATA / "history_v3.jsonl")
+    assert h.meta["title"] == "a version-3 history" and h.meta["config"] == {"lr": 0.1, "clip": None, "wd": None}
+    steps, values = h.get("loss/val")
+    assert steps.tolist() == [0, 5, 10, 11] and math.isnan(values[0])
+    assert values[1:].tolist() == [FLOAT64_MAX, -FLOAT64_MAX, 1.797e308]      # what version 3 lost stays lost
+    assert h.get("units/mlp.hidden1/histogram")[1].shape == (3, 3)
+    h.record("loss/val", 12, math.inf)                                          # and it goes on, in format 4
+    assert h.get("loss/val")[1][-1] == math.inf
+
+
+def test_the_version_2_fixture_still_loads():
+    h = History.load_jsonl(DATA / "history_v2.jsonl")
+    assert h.meta["title"] == "a version-2 history" and h.get("loss/train")[0].tolist() == [0, 4, 8, 12, 16, 20]
+
+
+def test_version_3_strings_and_tags_are_not_read_as_numbers(tmp_path):
+    lines = (DATA / "history_v3.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    head["meta"]["config"]["clip"] = {"$float": "Infinity"}                    # a dict like any other in version 3
+    path = tmp_path / "v3.jsonl"
+    path.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+    assert History.load_jsonl(path).meta["config"]["clip"] == {"$float": "Infinity"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One shape per series, so that `get` always gives an array (issue 24: it failed for histogram series in pandas).
+
+def test_get_gives_a_matrix_for_a_histogram_series():
+    h = sample_history()
+    steps, values = h.get("units/act1/histogram")
+    assert values.shape == (len(steps), 2) and values.dtype == float
+
+
+@pytest.mark.parametrize("first,then,words", [
+    (1.0, [1.0], "holds a number at each step, got a row of 1 values"),
+    ([1.0, 2.0], 1.0, "holds a row of 2 values at each step, got a number"),
+    ([1.0, 2.0], [1.0, 2.0, 3.0], "holds a row of 2 values at each step, got a row of 3 values"),
+    (np.zeros(3), np.zeros(2), "holds a row of 3 values at each step, got a row of 2 values")])
+def test_a_value_of_another_shape_is_refused(first, then, words):
+    h = History()
+    h.record("k", 0, first)
+    with pytest.raises(ValueError, match=f"'k': the series {words}"):
+        h.record("k", 1, then)
+    assert h.series["k"].steps == [0]
+
+
+def test_the_version_4_fixture_reads_and_writes_back_byte_for_byte(tmp_path):
+    "tests/data/history_v4.jsonl pins the format: what it holds, and that saving it again gives the same bytes."
+    h = History.load_jsonl(DATA / "history_v4.jsonl")
+    config = h.meta["config"]
+    assert (config["clip"], config["floor"], config["name"]) == (math.inf, -math.inf, "NaN") and math.isnan(config["wd"])
+    steps, values = h.get("loss/val")
+    assert steps.tolist() == [0, 5, 10, 11] and math.isnan(values[0])
+    assert values[1:].tolist() == [math.inf, -math.inf, 1.797e308]
+    rows = h.get("units/mlp.hidden1/histogram")[1]
+    assert rows.shape == (3, 3) and math.isnan(rows[0, 2]) and rows[1:, 2].tolist() == [0.25, 0.25]
+    again = h.save_jsonl(tmp_path / "again.jsonl")
+    assert again.read_bytes() == (DATA / "history_v4.jsonl").read_bytes()
+
+
+def test_a_snapshot_round_trips_told_apart_through_strict_json():
+    "The meta encoding is public (to_strict_json, from_strict_json) for any JSON document, an Inspector snapshot say."
+    snapshot = {"mlp.fc1": {"kind": "activation", "n": 0, "mean": math.nan, "min": math.inf, "max": -math.inf,
+                            "var": FLOAT64_MAX, "saturated": "var", "shape": np.array([2.0, np.inf])}}
+    text = json.dumps(panels.to_strict_json(snapshot), allow_nan=False)
+    back = panels.from_strict_json(json.loads(text, parse_constant=lambda token: pytest.fail(token)))["mlp.fc1"]
+    assert math.isnan(back["mean"]) and (back["min"], back["max"], back["var"]) == (math.inf, -math.inf, FLOAT64_MAX)
+    assert back["shape"] == [2.0, math.inf] and back["saturated"] == "var" and back["n"] == 0
