@@ -122,6 +122,11 @@ def _add_dashboard_command(sub) -> None:
     g.add_argument("--title", default=None, help="title of the figure (default: the one saved in the history)")
 
 
+def _add_export_command(sub) -> None:
+    from minitrain_inspect.export import add_export_command
+    add_export_command(sub)             # the flags live with the export, in 11a_export
+
+
 def _add_overhead_command(sub) -> None:
     from minitrain_inspect.overhead import add_overhead_arguments
     o = sub.add_parser("overhead", help="measure the Inspector's overhead on the reference workload",
@@ -207,13 +212,14 @@ def _add_mutants_command(sub) -> None:
     _add_run_flags(m)
 
 # %% ../nbs/18_cli.ipynb #7fda1db7
-SUBCOMMANDS = (_add_train_command, _add_demo_command, _add_dashboard_command, _add_overhead_command, _add_trace_command,
-               _add_diagnose_command, _add_release_command, _add_grade_command, _add_mutants_command, _add_docs_command)
+SUBCOMMANDS = (_add_train_command, _add_demo_command, _add_dashboard_command, _add_export_command, _add_overhead_command,
+               _add_trace_command, _add_diagnose_command, _add_release_command, _add_grade_command, _add_mutants_command,
+               _add_docs_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `overhead`, `trace`,
-    `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
+    """The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `export`, `overhead`,
+    `trace`, `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
     parser = OneLineParser(prog=PROG, description="Train a NumPy model of English past tenses and see inside the run.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -451,6 +457,11 @@ def _run_dashboard(args) -> int:
     return 0
 
 
+def _run_export(args) -> int:
+    from minitrain_inspect.export import run_export
+    return run_export(args)             # 11a_export: writes the CSV files or event files, once or while a run goes on
+
+
 def _run_overhead(args) -> int:
     from minitrain_inspect.overhead import overhead_command
     return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
@@ -463,12 +474,11 @@ def _run_release(args) -> int:
     return 0
 
 
-def _isolation_warning() -> str:
-    "What `grade` says about isolation: none yet, so a hand-in runs with this user's powers."
-    import getpass
-    user = "root" if os.geteuid() == 0 else getpass.getuser()
-    return (f"{PROG}: warning: no isolation: each notebook runs as {user}, with that user's files, processes and network; "
-            f"grade untrusted hand-ins only inside a disposable container (README: what grade does not defend against)")
+def _isolation_line() -> str:
+    "What `grade` says about the room its hand-ins run in: the room and its limits, a warning when it is weaker."
+    from minitrain_inspect.sandbox import describe_isolation, isolation_mode
+    mode = isolation_mode()
+    return f"{PROG}: {'warning: ' if mode == 'limits only' else ''}{describe_isolation(mode)}"
 
 
 def _run_grade(args) -> int:
@@ -476,7 +486,7 @@ def _run_grade(args) -> int:
     from minitrain_inspect.course import grade
     report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
                    reference=args.reference)
-    print(_isolation_warning(), file=sys.stderr)     # after the checks: a refused input stays one line
+    print(_isolation_line(), file=sys.stderr)        # after the checks: a refused input stays one line
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0
 
@@ -605,7 +615,7 @@ def _run_trace(args) -> int:
     return trace_command(args)          # 14_trace: runs the trace, prints the table, returns the status
 
 
-COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "overhead": _run_overhead,
+COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "export": _run_export, "overhead": _run_overhead,
             "trace": _run_trace, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
             "mutants": _run_mutants, "docs": _run_docs}
 

@@ -123,7 +123,7 @@ def test_a_history_keeps_its_newest_points_through_a_save(tmp_path):
 
 def test_a_version_2_history_still_loads():
     h = History.load_jsonl(DATA / "history_v2.jsonl")
-    assert HISTORY_VERSION == 3 and h.meta["title"] == "a version-2 history"
+    assert HISTORY_VERSION == 4 and h.meta["title"] == "a version-2 history"
     steps, values = h.get("loss/train")
     assert steps.tolist() == [0, 4, 8, 12, 16, 20] and values[0] == 1.0   # version 2 had dropped steps 21, 22
     h.record("loss/train", 23, 0.5)
