@@ -27,16 +27,17 @@ from nbconvert.exporters.templateexporter import TemplateExporter
 from nbconvert.filters.highlight import Highlight2HTML
 from nbformat.v4.rwbase import rejoin_lines
 
-from .course import BEGIN_SOLUTION, STUB, find_project, release
+from .course import BEGIN_SOLUTION, STUB, distinctive_solution_lines, find_project, release
 from .stats import replace_folder
 
 
 # %% auto #0
-__all__ = ['SKIP_WHEN_EXECUTING', 'FIGURES_AS_PNG', 'RELEASE_COMMAND', 'MARKER', 'Page', 'read_notebook', 'describe_notebook',
-           'course_pages', 'notebook_href', 'rewrite_links', 'split_directives', 'prepare_notebook', 'PageBodyExporter',
-           'render_body', 'error_note', 'execute_notebook', 'find_math', 'DocsiteWarning', 'formula_html', 'hide_math',
-           'show_math', 'package_name', 'has_solutions', 'has_stubs', 'site_note', 'page_html', 'site_css',
-           'local_files', 'check_site_folder', 'SiteBuild', 'build_site', 'build_release_site']
+__all__ = ['SKIP_WHEN_EXECUTING', 'FIGURES_AS_PNG', 'RELEASE_COMMAND', 'MARKER', 'RELEASE_FIGURES', 'Page', 'read_notebook',
+           'describe_notebook', 'course_pages', 'notebook_href', 'rewrite_links', 'split_directives',
+           'prepare_notebook', 'PageBodyExporter', 'render_body', 'error_note', 'execute_notebook', 'find_math',
+           'DocsiteWarning', 'formula_html', 'hide_math', 'show_math', 'package_name', 'has_solutions', 'has_stubs',
+           'site_note', 'page_html', 'site_css', 'local_files', 'check_site_folder', 'graft_outputs', 'SiteBuild',
+           'build_site', 'solutions_shown', 'build_release_site']
 
 # %% ../nbs/17_docsite.ipynb #c3b3cc8d
 @dataclass
@@ -219,7 +220,7 @@ _EXERCISE = re.compile(r"Exercise (?P<exercise>[\w.-]+) \((?P<stem>[\w.-]+)\)") 
 def error_note(ename: str, evalue: str) -> str:
     "HTML saying why a cell's output is missing, from the error it raised (`ename`, `evalue`)."
     e = html.escape
-    found = _EXERCISE.search(evalue or "") if ename == "NotImplementedError" else None
+    found = _EXERCISE.search(evalue or "")
     if found:
         why = (f"it needs the exercise <code>{e(found['exercise'])}</code> of <code>{e(found['stem'])}</code>, "
                "which the student release leaves to the student")
@@ -425,8 +426,9 @@ def has_stubs(nb: dict) -> bool:
 RELEASE_COMMAND = "minitrain-inspect docs --from-release --execute --out DIR"
 
 
-def site_note(page: Page, with_solutions: list[str], with_stubs: list[str]) -> str:
-    "The note under a page's source line: on the index, whether the site shows solutions (`with_solutions`, stems) or stubs; on a lesson, that it shows its solutions."
+def site_note(page: Page, with_solutions: list[str], with_stubs: list[str], reference_outputs: bool = False) -> str:
+    """The note under a page's source line: on the index, whether the site shows solutions (`with_solutions`, stems) or
+    stubs, and whether its outputs come from the finished course (`reference_outputs`); on a lesson, that it shows its solutions."""
     e = html.escape
     if page.stem != "index":
         return ('<p class="site-note">This page shows the solutions of its exercises (the instructor\'s notebook).</p>'
@@ -435,6 +437,10 @@ def site_note(page: Page, with_solutions: list[str], with_stubs: list[str]) -> s
         return (f'<p class="site-note"><strong>This site shows the solutions</strong> of the exercises of {len(with_solutions)} '
                 f'lessons ({e(", ".join(with_solutions))}): it is built from the instructor\'s notebooks. For students, '
                 f'build it from the student release: <code>{e(RELEASE_COMMAND)}</code>.</p>')
+    if with_stubs and reference_outputs:
+        return ('<p class="site-note">This site is built from the student release: the exercises are left to write. The '
+                'outputs and figures come from the finished course (the instructor\'s notebooks, run): they show what the '
+                'code will produce once the exercises are done.</p>')
     if with_stubs:
         return ('<p class="site-note">This site is built from the student release: the exercises are left to write, and '
                 'where an output needs one, the page says so in its place.</p>')
@@ -590,10 +596,23 @@ def _staging_folder(out: Path) -> Path:
     except OSError as exc:
         raise ValueError(f"cannot build the site in {out}: cannot create a folder in {out.parent} ({exc.strerror})") from None
 
+# %% ../nbs/17_docsite.ipynb #e99ff526
+def graft_outputs(nb: dict, ran: dict, source="the notebook run") -> dict:
+    "A copy of `nb` with the outputs of `ran` (its namesake, run) on each code cell whose code is the same in both."
+    if len(nb["cells"]) != len(ran["cells"]):
+        raise ValueError(f"{source}: {len(ran['cells'])} cells, where the page's notebook has {len(nb['cells'])}: its outputs "
+                         "cannot be matched to cells")
+    out = copy.deepcopy(nb)
+    for cell, done in zip(out["cells"], ran["cells"]):
+        if cell.get("cell_type") == "code" and done.get("cell_type") == "code" and _text(cell) == _text(done):
+            cell["outputs"] = copy.deepcopy(done.get("outputs", []))
+    return out
+
+
 # %% ../nbs/17_docsite.ipynb #84a8af91
 @dataclass
 class SiteBuild:
-    "What the pages of one build share: the course's `pages`, the folders, the stems to run, and which stems hold solutions or stubs."
+    "What the pages of one build share: the course's `pages`, the folders, the stems to run and how, which stems hold solutions or stubs."
     pages: list
     nbs: Path
     staging: Path
@@ -603,16 +622,24 @@ class SiteBuild:
     with_solutions: list = ()
     with_stubs: list = ()
     exporter: HTMLExporter | None = None
+    outputs_from: Path | None = None
+
+
+def _run_page(page: Page, nb: dict, build: SiteBuild) -> dict:
+    "`nb` (the notebook of `page`) with outputs: from running it, or with `build.outputs_from`, from running its namesake there."
+    source = page.source if build.outputs_from is None else build.outputs_from / page.source.name
+    try:
+        ran = execute_notebook(read_notebook(source), source.parent, allow_errors=build.allow_errors, project=source.parent.parent)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    return ran if build.outputs_from is None else graft_outputs(nb, ran, source)
 
 
 def _page_body(page: Page, build: SiteBuild) -> str:
     "The HTML body of `page`: its notebook run (if its stem is in `build.execute`), rendered, its links and maths in place."
     nb = read_notebook(page.source)
     if page.stem in build.execute:
-        try:
-            nb = execute_notebook(nb, build.nbs, allow_errors=build.allow_errors, project=build.nbs.parent)
-        except ValueError as exc:
-            raise ValueError(f"{page.source}: {exc}") from None
+        nb = _run_page(page, nb, build)
     nb, formulas, failed = hide_math(nb)
     for number, latex, reason in failed:
         warnings.warn(f"{page.source}: cell {number}: the formula {latex!r} could not be converted to MathML ({reason}); "
@@ -628,7 +655,7 @@ def _write_page(page: Page, build: SiteBuild) -> None:
     for name in local_files(body, build.nbs):
         (build.staging / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(build.nbs / name, build.staging / name)
-    note = site_note(page, list(build.with_solutions), list(build.with_stubs))
+    note = site_note(page, list(build.with_solutions), list(build.with_stubs), build.outputs_from is not None)
     (build.staging / page.filename).write_text(page_html(page, build.pages, body, build.nbs.name, build.package, note),
                                                encoding="utf-8")
 
@@ -648,23 +675,27 @@ def _stems_to_run(execute, pages: list[Page]) -> frozenset:
 
 
 # %% ../nbs/17_docsite.ipynb #82136476
-def build_site(nbs_path, out_dir, execute=False, allow_errors: bool = False) -> list[Path]:
+def build_site(nbs_path, out_dir, execute=False, allow_errors: bool = False, outputs_from=None, check=None) -> list[Path]:
     """Render every notebook in `nbs_path` into a static site in `out_dir` (replaced as a whole, atomically) and return
-    the pages' paths, index first. `execute` (True, or some stems) runs those notebooks first (in `nbs_path`, with the
-    package beside it) to show their outputs and figures; `allow_errors` shows a failing cell as a note instead of failing."""
+    the pages' paths, index first. `execute` (True, or some stems) runs those notebooks first (in their folder, with the
+    package beside it) to show their outputs and figures; `allow_errors` shows a failing cell as a note instead of failing;
+    `outputs_from` (a folder) runs its notebooks of the same names instead and shows their outputs (`graft_outputs`).
+    `check(staging)` may inspect the finished site before it replaces `out_dir`, and raise to stop the build."""
     pages = course_pages(nbs_path)
     nbs = Path(nbs_path).resolve()
     out = check_site_folder(out_dir, nbs)
     notebooks = {p.stem: read_notebook(p.source) for p in pages}
     build = SiteBuild(pages, nbs, _staging_folder(out), _stems_to_run(execute, pages), allow_errors, package_name(nbs),
                       [s for s, n in notebooks.items() if has_solutions(n)], [s for s, n in notebooks.items() if has_stubs(n)],
-                      PageBodyExporter())
+                      PageBodyExporter(), None if outputs_from is None else Path(outputs_from).resolve())
     try:
         for page in pages:
             _write_page(page, build)
         (build.staging / "style.css").write_text(site_css(), encoding="utf-8")
         (build.staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
                                             encoding="utf-8")
+        if check is not None:
+            check(build.staging)
         os.chmod(build.staging, 0o755)                  # mkdtemp makes it private; a site is for reading
         replace_folder(build.staging, out)
     except BaseException:
@@ -673,12 +704,39 @@ def build_site(nbs_path, out_dir, execute=False, allow_errors: bool = False) -> 
     return [out / p.filename for p in pages]
 
 
+# %% ../nbs/17_docsite.ipynb #efa63c3d
+_PRE = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.S)
+
+
+def solutions_shown(folder, lines) -> list[tuple[str, str]]:
+    "(page, line) for each of `lines` (of the solutions) that the code or outputs of a page in `folder` show, as text."
+    shown = []
+    for path in sorted(Path(folder).glob("*.html")):
+        code = "\n".join(html.unescape(re.sub(r"<[^>]+>", "", m[1])) for m in _PRE.finditer(path.read_text(encoding="utf-8")))
+        shown += [(path.name, line) for line in sorted(lines) if line in code]
+    return shown
+
+
 # %% ../nbs/17_docsite.ipynb #70f1e34d
-def build_release_site(out_dir, project=None, execute=False) -> list[Path]:
+RELEASE_FIGURES = ("release", "reference")
+
+
+def build_release_site(out_dir, project=None, execute=False, figures: str = "release") -> list[Path]:
     """Build the site of the student release of `project` (default: the instructor's project, `find_project()`) in
-    `out_dir`: no solution on any page; with `execute` (True, or some stems), a cell that needs an exercise shows a note."""
+    `out_dir`; no page shows a solution line. `execute` (True, or some stems) runs the notebooks: the release's, a cell
+    that needs an exercise showing a note (`figures="release"`), or the instructor's, their outputs shown (`"reference"`)."""
+    if figures not in RELEASE_FIGURES:
+        raise ValueError(f"figures must be one of {', '.join(RELEASE_FIGURES)}, got {figures!r}")
     project = find_project(project)
+    lines = distinctive_solution_lines(project / "nbs")
+
+    def no_solutions(staging):
+        shown = solutions_shown(staging, lines)
+        if shown:
+            raise ValueError(f"the students' site would show solution lines ({len(shown)} in all), e.g. {shown[0][1]!r} on {shown[0][0]}")
+
     with tempfile.TemporaryDirectory(prefix="minitrain-release-") as folder:
         released = release(Path(folder) / "release", project)
-        return build_site(released / "nbs", out_dir, execute=execute, allow_errors=True)
+        return build_site(released / "nbs", out_dir, execute=execute, allow_errors=figures == "release", check=no_solutions,
+                          outputs_from=project / "nbs" if figures == "reference" else None)
 
