@@ -217,25 +217,41 @@ def _skipped_cells(nb) -> set[int]:
 _EXERCISE = re.compile(r"Exercise (?P<exercise>[\w.-]+) \((?P<stem>[\w.-]+)\)")    # the message of a stub (`course.STUB`)
 
 
-def error_note(ename: str, evalue: str) -> str:
-    "HTML saying why a cell's output is missing, from the error it raised (`ename`, `evalue`)."
+def _exercise_html(exercise: tuple[str, str]) -> str:
+    return f"the exercise <code>{html.escape(exercise[0])}</code> of <code>{html.escape(exercise[1])}</code>"
+
+
+def error_note(ename: str, evalue: str, earlier: tuple[str, str] | None = None) -> str:
+    """HTML saying why a cell's output is missing, from the error it raised (`ename`, `evalue`); `earlier` is the
+    (exercise, stem) an earlier cell of the notebook waited for, if any."""
     e = html.escape
     found = _EXERCISE.search(evalue or "")
     if found:
-        why = (f"it needs the exercise <code>{e(found['exercise'])}</code> of <code>{e(found['stem'])}</code>, "
-               "which the student release leaves to the student")
+        why = f"it needs {_exercise_html((found['exercise'], found['stem']))}, which the student release leaves to the student"
     else:
         first = (evalue or "").strip().splitlines()[:1]
-        why = (f"the cell raised <code>{e(ename)}</code>{': ' + e(first[0][:200]) if first else ''}, most likely because an "
-               "earlier cell needs an unfinished exercise")
+        cause = (f"an earlier cell needs {_exercise_html(earlier)}" if earlier else
+                 "most likely because an earlier cell needs an unfinished exercise")
+        why = f"the cell raised <code>{e(ename)}</code>{': ' + e(first[0][:200]) if first else ''}: {cause}"
     return f'<p class="cell-note"><strong>Output missing:</strong> {why}.</p>'
 
 
 # %% ../nbs/17_docsite.ipynb #13f01869
-def _shown_outputs(outputs: list) -> list:
-    "`outputs` as a page shows them: an error becomes a note saying why the output is missing."
-    return [nbformat.v4.new_output("display_data", {"text/html": error_note(o.get("ename", ""), o.get("evalue", ""))})
-            if o.get("output_type") == "error" else o for o in outputs]
+def _shown_outputs(cells: list) -> list[list]:
+    "The outputs of `cells` (run, in order) as a page shows them: an error becomes a note saying why the output is missing."
+    shown, earlier = [], None
+    for cell in cells:
+        outputs = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                outputs.append(nbformat.v4.new_output("display_data", {"text/html": error_note(o["ename"], o["evalue"], earlier)}))
+                found = _EXERCISE.search(o.get("evalue", ""))
+                if earlier is None and found:
+                    earlier = (found["exercise"], found["stem"])          # the first exercise this notebook waits for
+            else:
+                outputs.append(o)
+        shown.append(outputs)
+    return shown
 
 
 def execute_notebook(nb: dict, cwd, timeout: int = 600, allow_errors: bool = False, project=None) -> dict:
@@ -253,9 +269,9 @@ def execute_notebook(nb: dict, cwd, timeout: int = 600, allow_errors: bool = Fal
     except CellExecutionError as exc:
         raise ValueError(f"a cell failed while running the notebook in {cwd}: {str(exc).strip().splitlines()[-1]}") from None
     out = copy.deepcopy(nb)
-    for i, (cell, done) in enumerate(zip(out["cells"], ran.cells[1:])):
+    for i, (cell, done, outputs) in enumerate(zip(out["cells"], ran.cells[1:], _shown_outputs(ran.cells[1:]))):
         if cell.get("cell_type") == "code" and i not in skipped:
-            cell["outputs"], cell["execution_count"] = _shown_outputs(done.outputs), done.execution_count
+            cell["outputs"], cell["execution_count"] = outputs, done.execution_count
     return out
 
 
