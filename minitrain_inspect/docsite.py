@@ -21,7 +21,7 @@ from pathlib import Path
 import latex2mathml.converter                     # nbformat, nbconvert, latex2mathml: the development extra
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
 from nbconvert.exporters.templateexporter import TemplateExporter
 from nbconvert.filters.highlight import Highlight2HTML
@@ -268,6 +268,10 @@ def execute_notebook(nb: dict, cwd, timeout: int = 600, allow_errors: bool = Fal
         client.execute(env=_kernel_env(project), stderr=subprocess.DEVNULL)
     except CellExecutionError as exc:
         raise ValueError(f"a cell failed while running the notebook in {cwd}: {str(exc).strip().splitlines()[-1]}") from None
+    except CellTimeoutError:
+        raise ValueError(f"a cell ran over {timeout} s while running the notebook in {cwd}") from None
+    except DeadKernelError:
+        raise ValueError(f"the kernel died while running the notebook in {cwd} (out of memory?)") from None
     out = copy.deepcopy(nb)
     for i, (cell, done, outputs) in enumerate(zip(out["cells"], ran.cells[1:], _shown_outputs(ran.cells[1:]))):
         if cell.get("cell_type") == "code" and i not in skipped:
