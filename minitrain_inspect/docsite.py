@@ -12,24 +12,32 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat                                   # nbformat and nbconvert: the development extra
+import latex2mathml.converter                     # nbformat, nbconvert, latex2mathml: the development extra
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
 from nbconvert.exporters.templateexporter import TemplateExporter
 from nbconvert.filters.highlight import Highlight2HTML
-from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 from nbformat.v4.rwbase import rejoin_lines
 
+from .course import BEGIN_SOLUTION, STUB, distinctive_solution_lines, find_project, release
 from .stats import replace_folder
 
+
 # %% auto #0
-__all__ = ['SKIP_WHEN_EXECUTING', 'MATHJAX', 'MARKER', 'Page', 'read_notebook', 'describe_notebook', 'course_pages',
-           'notebook_href', 'rewrite_links', 'split_directives', 'prepare_notebook', 'PageBodyExporter', 'render_body',
-           'execute_notebook', 'has_math', 'package_name', 'page_html', 'site_css', 'local_files', 'check_site_folder',
-           'build_site']
+__all__ = ['SKIP_WHEN_EXECUTING', 'FIGURES_AS_PNG', 'RELEASE_COMMAND', 'MARKER', 'RELEASE_FIGURES', 'Page', 'read_notebook',
+           'describe_notebook', 'course_pages', 'notebook_href', 'rewrite_links', 'split_directives',
+           'prepare_notebook', 'PageBodyExporter', 'render_body', 'error_note', 'execute_notebook', 'find_math',
+           'DocsiteWarning', 'formula_html', 'hide_math', 'show_math', 'package_name', 'has_solutions', 'has_stubs',
+           'site_note', 'page_html', 'site_css', 'local_files', 'check_site_folder', 'graft_outputs', 'SiteBuild',
+           'build_site', 'solutions_shown', 'build_release_site']
 
 # %% ../nbs/17_docsite.ipynb #c3b3cc8d
 @dataclass
@@ -186,35 +194,195 @@ def render_body(nb: dict, exporter=None) -> str:
 
 # %% ../nbs/17_docsite.ipynb #1a6fb168
 SKIP_WHEN_EXECUTING = ("slow", "eval: false")
+FIGURES_AS_PNG = ("from IPython import get_ipython\n"
+                  "from IPython.core.pylabtools import select_figure_formats\n"
+                  "select_figure_formats(get_ipython(), {'png'})\n")
 
 
-def execute_notebook(nb: dict, cwd, timeout: int = 600) -> dict:
-    "A copy of `nb` with the outputs of running it in folder `cwd` (cells marked `#| slow` or `#| eval: false` not run)."
+def _kernel_env(project) -> dict:
+    "This process's environment for the kernel, with `project` (the folder holding the notebooks' package) first on PYTHONPATH."
+    env = dict(os.environ)
+    if project is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(project), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _skipped_cells(nb) -> set[int]:
+    "The indices of the code cells of `nb` (a NotebookNode) not to run: those marked `#| slow` or `#| eval: false`."
+    return {i for i, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" and set(split_directives(cell.source)[0]) & set(SKIP_WHEN_EXECUTING)}
+
+
+# %% ../nbs/17_docsite.ipynb #d498690a
+_EXERCISE = re.compile(r"Exercise (?P<exercise>[\w.-]+) \((?P<stem>[\w.-]+)\)")    # the message of a stub (`course.STUB`)
+
+
+def _exercise_html(exercise: tuple[str, str]) -> str:
+    return f"the exercise <code>{html.escape(exercise[0])}</code> of <code>{html.escape(exercise[1])}</code>"
+
+
+def error_note(ename: str, evalue: str, earlier: tuple[str, str] | None = None) -> str:
+    """HTML saying why a cell's output is missing, from the error it raised (`ename`, `evalue`); `earlier` is the
+    (exercise, stem) an earlier cell of the notebook waited for, if any."""
+    e = html.escape
+    found = _EXERCISE.search(evalue or "")
+    if found:
+        why = f"it needs {_exercise_html((found['exercise'], found['stem']))}, which the student release leaves to the student"
+    else:
+        first = (evalue or "").strip().splitlines()[:1]
+        cause = (f"an earlier cell needs {_exercise_html(earlier)}" if earlier else
+                 "most likely because an earlier cell needs an unfinished exercise")
+        why = f"the cell raised <code>{e(ename)}</code>{': ' + e(first[0][:200]) if first else ''}: {cause}"
+    return f'<p class="cell-note"><strong>Output missing:</strong> {why}.</p>'
+
+
+# %% ../nbs/17_docsite.ipynb #13f01869
+def _shown_outputs(cells: list) -> list[list]:
+    "The outputs of `cells` (run, in order) as a page shows them: an error becomes a note saying why the output is missing."
+    shown, earlier = [], None
+    for cell in cells:
+        outputs = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                outputs.append(nbformat.v4.new_output("display_data", {"text/html": error_note(o["ename"], o["evalue"], earlier)}))
+                found = _EXERCISE.search(o.get("evalue", ""))
+                if earlier is None and found:
+                    earlier = (found["exercise"], found["stem"])          # the first exercise this notebook waits for
+            else:
+                outputs.append(o)
+        shown.append(outputs)
+    return shown
+
+
+def execute_notebook(nb: dict, cwd, timeout: int = 600, allow_errors: bool = False, project=None) -> dict:
+    """A copy of `nb` with the outputs of running it in folder `cwd` (cells marked `#| slow` or `#| eval: false` not run),
+    figures as PNG. A failing cell raises ValueError, or with `allow_errors` is shown as a note. `project` comes first on the path."""
     ran = rejoin_lines(nbformat.from_dict(copy.deepcopy(nb)))   # sources as strings, not lists of lines
-    skipped = set()
-    for i, cell in enumerate(ran.cells):
-        if cell.cell_type == "code" and set(split_directives(cell.source)[0]) & set(SKIP_WHEN_EXECUTING):
-            skipped.add(i)
-            cell.source = ""
+    skipped = _skipped_cells(ran)
+    for i in skipped:
+        ran.cells[i].source = ""
+    ran.cells.insert(0, nbformat.v4.new_code_cell(FIGURES_AS_PNG))
+    client = NotebookClient(ran, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                            resources={"metadata": {"path": str(cwd)}})
     try:
-        ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(ran, {"metadata": {"path": str(cwd)}})
+        client.execute(env=_kernel_env(project), stderr=subprocess.DEVNULL)
     except CellExecutionError as exc:
         raise ValueError(f"a cell failed while running the notebook in {cwd}: {str(exc).strip().splitlines()[-1]}") from None
+    except CellTimeoutError:
+        raise ValueError(f"a cell ran over {timeout} s while running the notebook in {cwd}") from None
+    except DeadKernelError:
+        raise ValueError(f"the kernel died while running the notebook in {cwd} (out of memory?)") from None
     out = copy.deepcopy(nb)
-    for i, (cell, done) in enumerate(zip(out["cells"], ran.cells)):
+    for i, (cell, done, outputs) in enumerate(zip(out["cells"], ran.cells[1:], _shown_outputs(ran.cells[1:]))):
         if cell.get("cell_type") == "code" and i not in skipped:
-            cell["outputs"], cell["execution_count"] = done.outputs, done.execution_count
+            cell["outputs"], cell["execution_count"] = outputs, done.execution_count
     return out
 
+
 # %% ../nbs/17_docsite.ipynb #f0631844
-MATHJAX = ('<script>window.MathJax = {tex: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true}};</script>\n'
-           '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"></script>\n')
-_MATH = re.compile(r"\$[^$\n]+\$|\\\(|\\\[|\\begin\{")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+_BACKTICKS = re.compile(r"`+")
+_INLINE_END = re.compile(r"(?<!\\)\$(?!\d)")     # a closing $: not escaped, no digit after it (`$5 and $10` is no formula)
 
 
-def has_math(nb: dict) -> bool:
-    "Whether any markdown cell of `nb` holds LaTeX (`$...$`, `\\(`, `\\[`, `\\begin{`)."
-    return any(c.get("cell_type") == "markdown" and _MATH.search(_text(c)) for c in nb["cells"])
+def _fence_end(text: str, start: int, fence: str) -> int:
+    "The end of the fenced code block opened by `fence` at `start` in `text` (the end of `text` if it is never closed)."
+    line_end = text.find("\n", start)
+    closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.M)
+    found = closing.search(text, line_end + 1) if line_end >= 0 else None
+    return len(text) if found is None else found.end()
+
+
+def _code_span_end(text: str, start: int) -> int:
+    "The end of the inline code span whose backticks begin at `start` (just past the backticks if it is never closed)."
+    run = _BACKTICKS.match(text, start).end() - start
+    found = re.compile(rf"(?<!`)`{{{run}}}(?!`)").search(text, start + run)
+    return found.end() if found else start + run
+
+
+# %% ../nbs/17_docsite.ipynb #c9d89c26
+def find_math(markdown: str) -> list[tuple[int, int, str, bool]]:
+    "The formulas of `markdown`: (start, end, LaTeX, display) of each `$...$` and `$$...$$` outside code, in order."
+    found, i, n = [], 0, len(markdown)
+    while i < n:
+        fence = _FENCE.match(markdown, i) if i == 0 or markdown[i - 1] == "\n" else None
+        if fence:
+            i = _fence_end(markdown, i, fence[1])
+        elif markdown[i] == "\\":
+            i += 2                                                  # an escaped character: \$ is a dollar
+        elif markdown[i] == "`":
+            i = _code_span_end(markdown, i)
+        elif markdown.startswith("$$", i):
+            end = markdown.find("$$", i + 2)
+            if end > i + 2 and markdown[i + 2:end].strip():
+                found.append((i, end + 2, markdown[i + 2:end].strip(), True))
+            i = end + 2 if end > i + 2 else i + 2
+        elif markdown[i] == "$" and i + 1 < n and not markdown[i + 1].isspace():
+            newline = markdown.find("\n", i)                       # an inline formula ends on its line
+            close = _INLINE_END.search(markdown, i + 1, n if newline < 0 else newline)
+            if close:
+                found.append((i, close.end(), markdown[i + 1:close.start()], False))
+            i = close.end() if close else i + 1
+        else:
+            i += 1
+    return found
+
+
+# %% ../nbs/17_docsite.ipynb #c965158a
+class DocsiteWarning(UserWarning):
+    "Something a page shows less well than the notebook: a formula left as LaTeX source."
+
+
+_UNKNOWN_COMMAND = re.compile(r">(\\[A-Za-z]+)<")
+
+
+def formula_html(latex: str, display: bool = False) -> tuple[str, str | None]:
+    "The MathML of the formula `latex`, and None; or, if it cannot be converted, its source marked as such, and why."
+    try:
+        mathml = latex2mathml.converter.convert(latex, display="block" if display else "inline")
+        unknown = _UNKNOWN_COMMAND.search(mathml)
+        reason = None if unknown is None else f"unknown command {unknown[1]}"
+    except Exception as exc:           # latex2mathml raises errors of many types on LaTeX it cannot parse
+        reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if reason is None:
+        return mathml, None
+    dollars = "$$" if display else "$"
+    return (f'<code class="math-error" title="not converted to MathML: {html.escape(reason)}">'
+            f'{html.escape(dollars + latex + dollars)}</code>'), reason
+
+
+# %% ../nbs/17_docsite.ipynb #02cf759d
+def hide_math(nb: dict) -> tuple[dict, dict, list]:
+    """A copy of `nb` whose markdown formulas are placeholders; the formulas by placeholder, (HTML, LaTeX); and those
+    that failed to convert, as (cell number, LaTeX, reason)."""
+    nb, formulas, failed = copy.deepcopy(nb), {}, []
+    word, text = "mathformula", json.dumps(nb)
+    while word in text:
+        word += "q"
+    for number, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") != "markdown":
+            continue
+        source, parts, last = _text(cell), [], 0
+        for start, end, latex, display in find_math(source):
+            token = f"{word}{len(formulas)}x"
+            shown, reason = formula_html(latex, display)
+            formulas[token] = (shown, latex)
+            failed += [(number, latex, reason)] if reason else []
+            parts += [source[last:start], token]
+            last = end
+        cell["source"] = "".join(parts) + source[last:]
+    return nb, formulas, failed
+
+
+# %% ../nbs/17_docsite.ipynb #9a7b712a
+def show_math(body: str, formulas: dict) -> str:
+    "`body` (HTML) with each placeholder of `formulas` replaced by its HTML, or by its LaTeX inside a tag."
+    if not formulas:
+        return body
+    token = re.compile("|".join(map(re.escape, sorted(formulas, key=len, reverse=True))))
+    in_tag = lambda m: token.sub(lambda t: html.escape(formulas[t[0]][1]), m[0])
+    return re.sub(rf"<[^>]*>|{token.pattern}", lambda m: in_tag(m) if m[0].startswith("<") else formulas[m[0]][0], body)
+
 
 # %% ../nbs/17_docsite.ipynb #5e91f570
 def _nav_label(page: Page) -> str:
@@ -261,10 +429,48 @@ def _source_note(page: Page, nbs_name: str, package: str | None) -> str:
         source += f", exported as the module <code>{e(f'{package}.{page.module}' if package else page.module)}</code>"
     return source
 
+# %% ../nbs/17_docsite.ipynb #cb3ffb18
+def has_solutions(nb: dict) -> bool:
+    "Whether a code cell of `nb` holds a solution region (the instructor's notebook, not the student's)."
+    return any(c.get("cell_type") == "code" and any(line.strip() == BEGIN_SOLUTION for line in _text(c).splitlines())
+               for c in nb["cells"])
+
+
+def has_stubs(nb: dict) -> bool:
+    "Whether a code cell of `nb` holds an exercise stub of the student release (`raise NotImplementedError(\"Exercise ...`)."
+    return any(c.get("cell_type") == "code" and "NotImplementedError" in _text(c) and _EXERCISE.search(_text(c))
+               for c in nb["cells"])
+
+
+# %% ../nbs/17_docsite.ipynb #2a96c587
+RELEASE_COMMAND = "minitrain-inspect docs --from-release --execute --out DIR"
+
+
+def site_note(page: Page, with_solutions: list[str], with_stubs: list[str], reference_outputs: bool = False) -> str:
+    """The note under a page's source line: on the index, whether the site shows solutions (`with_solutions`, stems) or
+    stubs, and whether its outputs come from the finished course (`reference_outputs`); on a lesson, that it shows its solutions."""
+    e = html.escape
+    if page.stem != "index":
+        return ('<p class="site-note">This page shows the solutions of its exercises (the instructor\'s notebook).</p>'
+                if page.stem in with_solutions else "")
+    if with_solutions:
+        return (f'<p class="site-note"><strong>This site shows the solutions</strong> of the exercises of {len(with_solutions)} '
+                f'lessons ({e(", ".join(with_solutions))}): it is built from the instructor\'s notebooks. For students, '
+                f'build it from the student release: <code>{e(RELEASE_COMMAND)}</code>.</p>')
+    if with_stubs and reference_outputs:
+        return ('<p class="site-note">This site is built from the student release: the exercises are left to write. The '
+                'outputs and figures come from the finished course (the instructor\'s notebooks, run): they show what the '
+                'code will produce once the exercises are done.</p>')
+    if with_stubs:
+        return ('<p class="site-note">This site is built from the student release: the exercises are left to write, and '
+                'where an output needs one, the page says so in its place.</p>')
+    return ""
+
+
 # %% ../nbs/17_docsite.ipynb #53871f2f
-def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_name: str = "nbs",
-              package: str | None = None) -> str:
-    "The whole HTML page of `page`: sidebar over `pages` with `page` marked, source line, `body`, previous/next links."
+def page_html(page: Page, pages: list[Page], body: str, nbs_name: str = "nbs", package: str | None = None,
+              note: str = "") -> str:
+    "The whole HTML page of `page`: sidebar over `pages` with `page` marked, source line, `note`, `body`, previous/next links."
     e = html.escape
     site = pages[0].title if pages[0].stem == "index" else "Course"
     items, pager, source = _sidebar_items(page, pages), _pager(page, pages), _source_note(page, nbs_name, package)
@@ -276,7 +482,7 @@ def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_
 <meta name="generator" content="minitrain_inspect.docsite">
 <title>{e(page.title)}{"" if page.stem == "index" else " · " + e(site)}</title>
 <link rel="stylesheet" href="style.css">
-{MATHJAX if math else ""}</head>
+</head>
 <body>
 <nav class="sidebar" aria-label="Course">
 <a class="site-title" href="index.html">{e(site)}</a>
@@ -287,7 +493,7 @@ def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_
 <main>
 {pager}
 <p class="source-note">{source}</p>
-<article>
+{note}<article>
 {body}
 </article>
 {pager}
@@ -295,6 +501,7 @@ def page_html(page: Page, pages: list[Page], body: str, math: bool = False, nbs_
 </body>
 </html>
 """
+
 
 # %% ../nbs/17_docsite.ipynb #919a5eb5
 _LAYOUT_CSS = """\
@@ -326,6 +533,7 @@ a code { color: var(--accent); }
 pre { background: #f7f8fa; border: 1px solid var(--rule); border-radius: 4px; padding: .6rem .8rem; overflow-x: auto;
       line-height: 1.45; }
 pre code, .highlight pre code { background: none; padding: 0; font-size: 1em; }
+.text_cell_render pre { white-space: pre-wrap; overflow-wrap: anywhere; }   /* a command in prose wraps, whole */
 .highlight pre { margin: .5rem 0; }
 .output_area pre { background: #fff; border-left: 3px solid #c9cfdb; border-radius: 0; }
 .output_area img { max-width: 100%; }
@@ -334,6 +542,11 @@ th, td { border: 1px solid var(--rule); padding: .3rem .6rem; text-align: left; 
 th { background: #f0f2f6; }
 blockquote { margin: 1rem 0; padding: .25rem 1rem; border-left: 4px solid var(--accent); background: #f6f8fb; }
 img { max-width: 100%; height: auto; }
+math { font-family: "DejaVu Math TeX Gyre", "STIX Two Math", "Latin Modern Math", "Cambria Math", math; font-size: 1.05em; }
+math[display="block"] { margin: .8em 0; overflow-x: auto; overflow-y: hidden; }
+code.math-error { color: #9b1c1c; background: #fdecea; }
+.site-note, .cell-note { padding: .5rem .8rem; border-left: 4px solid #b7791f; background: #fdf6e7; font-size: .92rem; }
+.cell-note { margin: .4rem 0; }
 @media (max-width: 60rem) {
   .sidebar { position: static; width: auto; border-right: none; border-bottom: 1px solid var(--rule); }
   .sidebar li { display: inline-block; }
@@ -403,39 +616,147 @@ def _staging_folder(out: Path) -> Path:
     except OSError as exc:
         raise ValueError(f"cannot build the site in {out}: cannot create a folder in {out.parent} ({exc.strerror})") from None
 
+# %% ../nbs/17_docsite.ipynb #e99ff526
+def graft_outputs(nb: dict, ran: dict, source="the notebook run") -> dict:
+    "A copy of `nb` with the outputs of `ran` (its namesake, run) on each code cell whose code is the same in both."
+    if len(nb["cells"]) != len(ran["cells"]):
+        raise ValueError(f"{source}: {len(ran['cells'])} cells, where the page's notebook has {len(nb['cells'])}: its outputs "
+                         "cannot be matched to cells")
+    out = copy.deepcopy(nb)
+    for cell, done in zip(out["cells"], ran["cells"]):
+        if cell.get("cell_type") == "code" and done.get("cell_type") == "code" and _text(cell) == _text(done):
+            cell["outputs"] = copy.deepcopy(done.get("outputs", []))
+    return out
+
+
 # %% ../nbs/17_docsite.ipynb #84a8af91
-def _write_page(page: Page, pages: list[Page], staging: Path, nbs: Path, exporter, package, execute: bool) -> None:
-    "Render `page` (one of `pages`, from the folder `nbs`) into `staging`, with the files it refers to; `execute` runs it first."
+@dataclass
+class SiteBuild:
+    "What the pages of one build share: the course's `pages`, the folders, the stems to run and how, which stems hold solutions or stubs."
+    pages: list
+    nbs: Path
+    staging: Path
+    execute: frozenset = frozenset()
+    allow_errors: bool = False
+    package: str | None = None
+    with_solutions: list = ()
+    with_stubs: list = ()
+    exporter: HTMLExporter | None = None
+    outputs_from: Path | None = None
+
+
+def _run_page(page: Page, nb: dict, build: SiteBuild) -> dict:
+    "`nb` (the notebook of `page`) with outputs: from running it, or with `build.outputs_from`, from running its namesake there."
+    source = page.source if build.outputs_from is None else build.outputs_from / page.source.name
+    try:
+        ran = execute_notebook(read_notebook(source), source.parent, allow_errors=build.allow_errors, project=source.parent.parent)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    return ran if build.outputs_from is None else graft_outputs(nb, ran, source)
+
+
+def _page_body(page: Page, build: SiteBuild) -> str:
+    "The HTML body of `page`: its notebook run (if its stem is in `build.execute`), rendered, its links and maths in place."
     nb = read_notebook(page.source)
-    if execute:
-        try:
-            nb = execute_notebook(nb, nbs)
-        except ValueError as exc:
-            raise ValueError(f"{page.source}: {exc}") from None
-    body = rewrite_links(render_body(prepare_notebook(nb), exporter), {p.stem for p in pages}, current=page.stem)
-    for name in local_files(body, nbs):
-        (staging / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(nbs / name, staging / name)
-    (staging / page.filename).write_text(page_html(page, pages, body, has_math(nb), nbs.name, package), encoding="utf-8")
+    if page.stem in build.execute:
+        nb = _run_page(page, nb, build)
+    nb, formulas, failed = hide_math(nb)
+    for number, latex, reason in failed:
+        warnings.warn(f"{page.source}: cell {number}: the formula {latex!r} could not be converted to MathML ({reason}); "
+                      "the page shows its LaTeX source", DocsiteWarning, stacklevel=3)
+    body = render_body(prepare_notebook(nb), build.exporter)
+    return show_math(rewrite_links(body, {p.stem for p in build.pages}, current=page.stem), formulas)
+
+
+# %% ../nbs/17_docsite.ipynb #3e977d1a
+def _write_page(page: Page, build: SiteBuild) -> None:
+    "Render `page` into `build.staging`, with the files it refers to, and its note."
+    body = _page_body(page, build)
+    for name in local_files(body, build.nbs):
+        (build.staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(build.nbs / name, build.staging / name)
+    note = site_note(page, list(build.with_solutions), list(build.with_stubs), build.outputs_from is not None)
+    (build.staging / page.filename).write_text(page_html(page, build.pages, body, build.nbs.name, build.package, note),
+                                               encoding="utf-8")
+
+
+# %% ../nbs/17_docsite.ipynb #5d12b46c
+def _stems_to_run(execute, pages: list[Page]) -> frozenset:
+    "The stems `execute` asks to run: all of `pages` for True, none for False or None, else the stems it names."
+    stems = [p.stem for p in pages]
+    if execute is True or execute is False or execute is None:
+        return frozenset(stems if execute else ())
+    named = [execute] if isinstance(execute, str) else list(execute)
+    unknown = [s for s in named if s not in stems]
+    if unknown:
+        raise ValueError(f"execute: no notebook named {', '.join(map(repr, unknown))}; expected True, False or stems of "
+                         f"{', '.join(stems)}")
+    return frozenset(named)
+
 
 # %% ../nbs/17_docsite.ipynb #82136476
-def build_site(nbs_path, out_dir, execute: bool = False) -> list[Path]:
+def build_site(nbs_path, out_dir, execute=False, allow_errors: bool = False, outputs_from=None, check=None) -> list[Path]:
     """Render every notebook in `nbs_path` into a static site in `out_dir` (replaced as a whole, atomically) and return
-    the pages' paths, index first. `execute=True` runs each notebook (in `nbs_path`) first to show its outputs."""
+    the pages' paths, index first. `execute` (True, or some stems) runs those notebooks first (in their folder, with the
+    package beside it) to show their outputs and figures; `allow_errors` shows a failing cell as a note instead of failing;
+    `outputs_from` (a folder) runs its notebooks of the same names instead and shows their outputs (`graft_outputs`).
+    `check(staging)` may inspect the finished site before it replaces `out_dir`, and raise to stop the build."""
     pages = course_pages(nbs_path)
     nbs = Path(nbs_path).resolve()
     out = check_site_folder(out_dir, nbs)
-    exporter, package = PageBodyExporter(), package_name(nbs)
-    staging = _staging_folder(out)
+    notebooks = {p.stem: read_notebook(p.source) for p in pages}
+    build = SiteBuild(pages, nbs, _staging_folder(out), _stems_to_run(execute, pages), allow_errors, package_name(nbs),
+                      [s for s, n in notebooks.items() if has_solutions(n)], [s for s, n in notebooks.items() if has_stubs(n)],
+                      PageBodyExporter(), None if outputs_from is None else Path(outputs_from).resolve())
     try:
         for page in pages:
-            _write_page(page, pages, staging, nbs, exporter, package, execute)
-        (staging / "style.css").write_text(site_css(), encoding="utf-8")
-        (staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
-                                      encoding="utf-8")
-        os.chmod(staging, 0o755)                        # mkdtemp makes it private; a site is for reading
-        replace_folder(staging, out)
+            _write_page(page, build)
+        (build.staging / "style.css").write_text(site_css(), encoding="utf-8")
+        (build.staging / MARKER).write_text(f"A site built by minitrain_inspect.docsite from {nbs}; rebuilt as a whole.\n",
+                                            encoding="utf-8")
+        if check is not None:
+            check(build.staging)
+        os.chmod(build.staging, 0o755)                  # mkdtemp makes it private; a site is for reading
+        replace_folder(build.staging, out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(build.staging, ignore_errors=True)
         raise
     return [out / p.filename for p in pages]
+
+
+# %% ../nbs/17_docsite.ipynb #efa63c3d
+_PRE = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.S)
+
+
+def solutions_shown(folder, lines) -> list[tuple[str, str]]:
+    "(page, line) for each of `lines` (of the solutions) that the code or outputs of a page in `folder` show, as text."
+    shown = []
+    for path in sorted(Path(folder).glob("*.html")):
+        code = "\n".join(html.unescape(re.sub(r"<[^>]+>", "", m[1])) for m in _PRE.finditer(path.read_text(encoding="utf-8")))
+        shown += [(path.name, line) for line in sorted(lines) if line in code]
+    return shown
+
+
+# %% ../nbs/17_docsite.ipynb #70f1e34d
+RELEASE_FIGURES = ("release", "reference")
+
+
+def build_release_site(out_dir, project=None, execute=False, figures: str = "release") -> list[Path]:
+    """Build the site of the student release of `project` (default: the instructor's project, `find_project()`) in
+    `out_dir`; no page shows a solution line. `execute` (True, or some stems) runs the notebooks: the release's, a cell
+    that needs an exercise showing a note (`figures="release"`), or the instructor's, their outputs shown (`"reference"`)."""
+    if figures not in RELEASE_FIGURES:
+        raise ValueError(f"figures must be one of {', '.join(RELEASE_FIGURES)}, got {figures!r}")
+    project = find_project(project)
+    lines = distinctive_solution_lines(project / "nbs")
+
+    def no_solutions(staging):
+        shown = solutions_shown(staging, lines)
+        if shown:
+            raise ValueError(f"the students' site would show solution lines ({len(shown)} in all), e.g. {shown[0][1]!r} on {shown[0][0]}")
+
+    with tempfile.TemporaryDirectory(prefix="minitrain-release-") as folder:
+        released = release(Path(folder) / "release", project)
+        return build_site(released / "nbs", out_dir, execute=execute, allow_errors=figures == "release", check=no_solutions,
+                          outputs_from=project / "nbs" if figures == "reference" else None)
+

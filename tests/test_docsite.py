@@ -1,6 +1,7 @@
 """The course's static site (`minitrain-inspect docs`, nbs/17_docsite.ipynb), built from the real notebooks: a page for
 every notebook, the index listing them all, navigation on every page, and every link on every page resolving (files
-to files in the site, #anchors to ids on the page they name). Built once, without execution (a few seconds)."""
+to files in the site, #anchors to ids on the page they name), maths as MathML and nothing from the network, and the
+index saying that the site shows the solutions. Built once, without execution (a few seconds)."""
 import html
 import re
 import time
@@ -17,7 +18,6 @@ from minitrain_inspect.docsite import MARKER, build_site  # noqa: E402
 NBS = Path(__file__).resolve().parents[1] / "nbs"
 NOTEBOOKS = sorted(p for p in NBS.glob("*.ipynb") if not p.name.startswith(("_", ".")))
 LESSONS = [p.stem for p in NOTEBOOKS if p.stem != "index"]
-MATHJAX = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"
 
 
 class Page(HTMLParser):
@@ -99,9 +99,10 @@ def test_every_relative_link_resolves(site):
     for name, page in parsed.items():
         for tag, key, ref, _ in page.refs:
             parts = urlsplit(html.unescape(ref))
+            if parts.scheme == "data" and tag == "img":
+                continue                         # a figure embedded in its page
             if parts.scheme or parts.netloc:     # a link out is fine; a resource the page loads must be in the site
-                assert tag == "a" or ref == MATHJAX, \
-                    f"{name}: the only resource from outside the site is MathJax, got {tag} {key}={ref!r}"
+                assert tag == "a", f"{name}: a page should load nothing from outside the site, got {tag} {key}={ref!r}"
                 continue
             target = name if not parts.path else unquote(parts.path)
             if not (out / target).is_file():
@@ -113,14 +114,34 @@ def test_every_relative_link_resolves(site):
 
 
 def test_pages_read_without_the_network(site):
-    "Layout from the site's own stylesheet; MathJax only on pages with equations, and the equations' text is there."
+    "Layout from the site's own stylesheet, no script; the maths converted to MathML, none of it left as LaTeX."
     out, pages, _ = site
     css = (out / "style.css").read_text(encoding="utf-8")
     assert "@import" not in css and not re.search(r"url\(\s*['\"]?https?:", css), "the stylesheet should need no network"
-    with_math = [p.name for p in pages if MATHJAX in p.read_text(encoding="utf-8")]
-    assert "08_stats.html" in with_math and "index.html" not in with_math, with_math
-    assert r"$\overline{x^2} - \bar x^2$" in (out / "08_stats.html").read_text(encoding="utf-8"), \
-        "the LaTeX source should be on the page, readable without MathJax"
+    texts = {p.name: p.read_text(encoding="utf-8") for p in pages}
+    assert not [name for name, text in texts.items() if "<script" in text], "no page should need a script"
+    stats = texts["08_stats.html"]
+    assert stats.count("<math ") > 100, f"08_stats writes over 100 formulas; got {stats.count('<math ')} as MathML"
+    assert r"\overline{x^2}" not in stats and "math-error" not in stats, "every formula of 08_stats should be converted"
+    failed = {name: text.count('<code class="math-error"') for name, text in texts.items() if '<code class="math-error"' in text}
+    assert not failed, f"formulas left as LaTeX (not converted): {failed}"
+
+
+def test_no_formula_is_left_as_dollars(site):
+    "Outside code, no page shows a `$...$` formula's source: a dollar that find_math missed would show as raw LaTeX."
+    _, pages, _ = site
+    left = []
+    for page in pages:
+        text = re.sub(r"<(pre|code|math|title)\b.*?</\1>", " ", page.read_text(encoding="utf-8"), flags=re.S)
+        left += [f"{page.name}: {m[0]!r}" for m in re.finditer(r"\$[^$<>\n]{1,80}\$", re.sub(r"<[^>]+>", " ", text))]
+    assert not left, f"{len(left)} formulas left as LaTeX, first ones: {left[:5]}"
+
+
+def test_the_index_says_the_site_shows_the_solutions(site):
+    out, _, _ = site
+    index = (out / "index.html").read_text(encoding="utf-8")
+    assert "<strong>This site shows the solutions</strong>" in index and "--from-release" in index
+    assert "This page shows the solutions" in (out / "10_inspect.html").read_text(encoding="utf-8")
 
 
 def test_notebook_mentions_and_directives(site):
