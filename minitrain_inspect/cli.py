@@ -180,8 +180,10 @@ def _add_release_command(sub) -> None:
 def _add_grade_command(sub) -> None:
     g = sub.add_parser("grade", help="grade a student's notebooks: points per exercise and the total",
                        description="Run each notebook of DIR (a release folder, or a notebooks folder such as nbs) in a "
-                                   "subprocess with a time limit, the earlier modules coming from this package, and "
-                                   "print the points per exercise and the total. Exit status 0 whatever the score.")
+                                   "room of its own (namespaces, read-only files, no network, limits; stderr says which "
+                                   "isolation this machine gives), with a time limit, the earlier modules coming from "
+                                   "this package, and print the points per exercise and the total. Tampering found "
+                                   "scores the notebook 0 with the reason. Exit status 0 whatever the score.")
     g.add_argument("path", type=Path, metavar="DIR", help="a release folder (its nbs/ is graded) or a notebooks folder")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     g.add_argument("--reference", type=Path, default=None, metavar="NBS",
@@ -192,8 +194,18 @@ def _add_grade_command(sub) -> None:
 
 def _add_docs_command(sub) -> None:
     d = sub.add_parser("docs", help="render the notebooks into a static HTML site",
-                       description="Render every notebook with nbconvert into a static site with an index and navigation.")
+                       description="Render every notebook with nbconvert into a static site with an index and "
+                                   "navigation; maths becomes MathML, so the pages read offline. A site built from nbs/ "
+                                   "shows every solution: for students, use --from-release.")
     d.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder of the site (replaced as a whole)")
+    d.add_argument("--execute", nargs="*", default=None, metavar="STEM",
+                   help="run the notebooks first so the pages show outputs and figures: all, or the stems named "
+                        "(e.g. 11_dashboard 13_overhead); the whole course takes minutes")
+    d.add_argument("--from-release", action="store_true",
+                   help="build the students' site from the student release: no solutions; with --execute, an output "
+                        "that needs an exercise is replaced by a note naming it")
+    d.add_argument("--figures", choices=("release", "reference"), default="release",
+                   help="with --from-release --execute: outputs from the release's stubs, or from the instructor's notebooks")
 
 # %% ../nbs/18_cli.ipynb #b543dde8
 def _add_mutants_command(sub) -> None:
@@ -542,14 +554,26 @@ def _report_mutants(args, results, uncovered) -> int:
 
 # %% ../nbs/18_cli.ipynb #f6b17cd5
 def _run_docs(args) -> int:
+    import warnings
     try:
-        from minitrain_inspect.docsite import build_site
+        from minitrain_inspect.docsite import DocsiteWarning, build_release_site, build_site
     except ModuleNotFoundError as exc:
         if exc.name == "minitrain_inspect.docsite":
             raise ValueError("docs: the site builder (minitrain_inspect.docsite, from nbs/17_docsite.ipynb) is missing") from None
         raise ValueError(f"docs needs {exc.name}, a development tool: pip install -e \".[dev]\"") from None
     from minitrain_inspect.course import find_project
-    pages = build_site(find_project() / "nbs", args.out)
+    execute = False if args.execute is None else (args.execute or True)
+    if args.figures != "release" and not args.from_release:
+        raise ValueError("docs: --figures needs --from-release")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DocsiteWarning)
+        pages = (build_release_site(args.out, execute=execute, figures=args.figures) if args.from_release
+                 else build_site(find_project() / "nbs", args.out, execute=execute))
+    for w in caught:
+        if issubclass(w.category, DocsiteWarning):
+            print(f"docs: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(f"docs: {len(pages)} pages in {args.out} (open {pages[0] if pages else args.out})")
     return 0
 
