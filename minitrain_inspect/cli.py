@@ -175,6 +175,14 @@ def _add_release_command(sub) -> None:
                                    "stubs, the package exported from those notebooks, the packaging files and a README.")
     r.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write (new or empty)")
     r.add_argument("--force", action="store_true", help="replace DIR even if it is not empty")
+    _add_course_flag(r)
+
+
+def _add_course_flag(parser) -> None:
+    "`--course DIR`: the instructor's project, a checkout of the course (a folder with settings.ini and nbs/)."
+    parser.add_argument("--course", type=Path, default=None, metavar="DIR",
+                        help="the course checkout to use: a folder with settings.ini and nbs/ (default: beside an "
+                             "editable install, or the current folder or one above it); an installed wheel has none")
 
 # %% ../nbs/18_cli.ipynb #8360c483
 def _add_grade_command(sub) -> None:
@@ -206,6 +214,7 @@ def _add_docs_command(sub) -> None:
                         "that needs an exercise is replaced by a note naming it")
     d.add_argument("--figures", choices=("release", "reference"), default="release",
                    help="with --from-release --execute: outputs from the release's stubs, or from the instructor's notebooks")
+    _add_course_flag(d)
 
 # %% ../nbs/18_cli.ipynb #b543dde8
 def _add_mutants_command(sub) -> None:
@@ -222,6 +231,7 @@ def _add_mutants_command(sub) -> None:
                         "graded cell before it")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_run_flags(m)
+    _add_course_flag(m)
 
 # %% ../nbs/18_cli.ipynb #7fda1db7
 SUBCOMMANDS = (_add_train_command, _add_demo_command, _add_dashboard_command, _add_export_command, _add_overhead_command,
@@ -479,9 +489,20 @@ def _run_overhead(args) -> int:
     return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
 
 # %% ../nbs/18_cli.ipynb #62b9d526
+def _course(args) -> Path | None:
+    "The course checkout named by `--course`, checked: None when the flag is absent (then the default search)."
+    if args.course is None:
+        return None
+    from minitrain_inspect.course import find_project
+    folder = args.course.expanduser()
+    if not (folder / "settings.ini").is_file() or not (folder / "nbs").is_dir():
+        raise ValueError(f"--course {args.course}: not a course checkout (expected a folder with settings.ini and nbs/)")
+    return find_project(folder)
+
+
 def _run_release(args) -> int:
     from minitrain_inspect.course import course_notebooks, release
-    out = release(args.out, force=args.force)
+    out = release(args.out, project=_course(args), force=args.force)
     print(f"release: {len(course_notebooks(out / 'nbs'))} notebooks and the stubbed package in {out}")
     return 0
 
@@ -520,7 +541,7 @@ def _chosen_mutations(args, every: list, folder: Path) -> list:
 def _run_mutants(args) -> int:
     from minitrain_inspect.course import (exercises_without_mutation, find_project, load_mutations, run_mutants,
                                           run_stub_checks)
-    project, workers = find_project(), _positive("workers", args.workers)
+    project, workers = find_project(_course(args)), _positive("workers", args.workers)
     if args.stubs:
         if args.match or args.sample is not None:
             raise ValueError("--match and --sample choose among the mutations; --stubs checks every exercise of the "
@@ -560,15 +581,15 @@ def _run_docs(args) -> int:
     except ModuleNotFoundError as exc:
         if exc.name == "minitrain_inspect.docsite":
             raise ValueError("docs: the site builder (minitrain_inspect.docsite, from nbs/17_docsite.ipynb) is missing") from None
-        raise ValueError(f"docs needs {exc.name}, a development tool: pip install -e \".[dev]\"") from None
+        raise ValueError(f"docs needs {exc.name}, a development tool: pip install \"minitrain-inspect[dev]\"") from None
     from minitrain_inspect.course import find_project
     execute = False if args.execute is None else (args.execute or True)
     if args.figures != "release" and not args.from_release:
         raise ValueError("docs: --figures needs --from-release")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DocsiteWarning)
-        pages = (build_release_site(args.out, execute=execute, figures=args.figures) if args.from_release
-                 else build_site(find_project() / "nbs", args.out, execute=execute))
+        pages = (build_release_site(args.out, project=_course(args), execute=execute, figures=args.figures)
+                 if args.from_release else build_site(find_project(_course(args)) / "nbs", args.out, execute=execute))
     for w in caught:
         if issubclass(w.category, DocsiteWarning):
             print(f"docs: warning: {w.message}", file=sys.stderr)

@@ -50,7 +50,7 @@ __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 
 BEGIN_SOLUTION = "### BEGIN" + " SOLUTION"
 END_SOLUTION = "### END" + " SOLUTION"
 STUB = 'raise NotImplementedError("Exercise {exercise} ({stem}): write this part; see the TODO above")'
-DEV_HINT = 'pip install -e ".[dev]"'
+DEV_HINT = 'pip install "minitrain-inspect[dev]"'
 
 
 class CourseError(ValueError):
@@ -343,7 +343,8 @@ def find_project(start=None) -> Path:
             if _is_project(folder):
                 return folder
     where = start if start is not None else "beside the package or above the current folder"
-    raise CourseError(f"no course project (a folder with settings.ini and nbs/) {where}")
+    raise CourseError(f"no course project (a folder with settings.ini and nbs/) {where}; an installed package carries "
+                      f"no notebooks: name a checkout of the course with --course DIR")
 
 # %% ../nbs/16_course.ipynb #8653f5d2
 def _settings(project: Path) -> dict:
@@ -1003,7 +1004,7 @@ class GradeReport:
         return "\n".join(line.rstrip() for line in lines)
 
 # %% ../nbs/16_course.ipynb #0e53fd13
-TORCH_HINT = 'grade where the torch extra is installed: pip install -e ".[torch]"'
+TORCH_HINT = 'grade where the torch extra is installed: pip install "minitrain-inspect[torch]"'
 _TORCH_GUARDS = ("torch_available()", "HAS_TORCH")
 
 

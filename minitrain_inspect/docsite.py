@@ -716,7 +716,6 @@ def build_site(nbs_path, out_dir, execute=False, allow_errors: bool = False, out
                                             encoding="utf-8")
         if check is not None:
             check(build.staging)
-        os.chmod(build.staging, 0o755)                  # mkdtemp makes it private; a site is for reading
         replace_folder(build.staging, out)
     except BaseException:
         shutil.rmtree(build.staging, ignore_errors=True)

@@ -27,7 +27,7 @@ __all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON
            'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound',
            'tensor_moments', 'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge',
            'one_pass_moments', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text',
-           'replace_folder']
+           'current_umask', 'replace_folder']
 
 # %% ../nbs/08_stats.ipynb #0dde08f4
 def check_int(value, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -572,9 +572,25 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
     return Path(path)
 
 # %% ../nbs/08_stats.ipynb #46ab5314
+def current_umask() -> int:
+    "The process's umask, read without changing it (Linux's /proc; elsewhere set and restored at once)."
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def replace_folder(staging, out) -> Path:
-    "Replace folder `out` (if any) by folder `staging`, in the same parent: `out` is always the new folder or the previous one."
+    """Replace folder `out` (if any) by folder `staging`, in the same parent: `out` is always the new folder or the
+    previous one. The new folder gets the mode a plain `mkdir` would give it (the umask decides), whatever made the
+    staging folder (`tempfile.mkdtemp` makes it private)."""
     staging, out = Path(staging), Path(out)
+    os.chmod(staging, 0o777 & ~current_umask())
     with sigint_deferred():
         aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.previous-"))
         try:

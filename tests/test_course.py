@@ -268,7 +268,7 @@ def test_a_missing_development_tool_is_one_line():
     code = ("import sys; sys.modules['nbformat'] = None\n"          # `import nbformat` now fails, as if not installed
             "from minitrain_inspect.cli import main; sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "grade", str(NBS)], capture_output=True, text=True, timeout=60)
-    assert_one_line_error(r, 'the course tools need nbformat, a development tool: pip install -e ".[dev]"')
+    assert_one_line_error(r, 'the course tools need nbformat, a development tool: pip install "minitrain-inspect[dev]"')
 
 
 # --- grading the real course ----------------------------------------------------------------------------------------
