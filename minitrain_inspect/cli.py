@@ -197,6 +197,9 @@ def _add_grade_command(sub) -> None:
     g.add_argument("--reference", type=Path, default=None, metavar="NBS",
                    help="the instructor's notebooks (e.g. nbs): their graded cells and points replace the student's "
                         "copies, a deleted test fails, a missing notebook scores 0")
+    g.add_argument("--exercise", nargs="+", default=None, metavar="NAME",
+                   help="only these exercises' tests, each notebook run up to the last of them past any failure "
+                        "(e.g. --only 08_stats --exercise welford_merge)")
     _add_run_flags(g)
 
 
@@ -518,7 +521,7 @@ def _run_grade(args) -> int:
     from minitrain_inspect.stats import to_jsonable
     from minitrain_inspect.course import grade
     report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
-                   reference=args.reference)
+                   reference=args.reference, exercises=args.exercise)
     print(_isolation_line(), file=sys.stderr)        # after the checks: a refused input stays one line
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0

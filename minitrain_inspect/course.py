@@ -33,16 +33,17 @@ from .stats import check_output_path, replace_folder, sigint_deferred
 # %% auto #0
 __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 'QUOTE_HINT', 'DISTINCTIVE_LENGTH',
            'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TRUSTED_IMPORTS', 'TRUSTED_ROOTS',
-           'HARNESS', 'KEPT_ENV', 'TORCH_HINT', 'CourseError', 'stub_source', 'solution_regions', 'read_notebook',
-           'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles',
-           'cell_label', 'is_exercise_cell', 'check_code_markers', 'check_marker_text', 'check_markers',
-           'stub_notebook', 'reference_root', 'find_project', 'course_notebooks', 'distinctive_solution_lines',
-           'find_leaks', 'student_readme', 'release', 'failure_message', 'harness_snapshot', 'harness_tampered',
-           'harness_guard', 'harness_describe', 'harness_trusted', 'harness_park', 'harness_overlay', 'harness_main',
-           'child_program', 'read_channel', 'CellRun', 'module_notebook', 'course_package', 'run_cells', 'GradedCell',
-           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed',
-           'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations',
-           'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
+           'HARNESS', 'KEPT_ENV', 'TORCH_HINT', 'STUB_MESSAGE', 'CourseError', 'stub_source', 'solution_regions',
+           'read_notebook', 'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id',
+           'check_compiles', 'cell_label', 'is_exercise_cell', 'check_code_markers', 'check_marker_text',
+           'check_markers', 'stub_notebook', 'reference_root', 'find_project', 'course_notebooks',
+           'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release', 'failure_message',
+           'harness_snapshot', 'harness_tampered', 'harness_guard', 'harness_describe', 'harness_trusted',
+           'harness_park', 'harness_overlay', 'harness_main', 'child_program', 'read_channel', 'CellRun',
+           'module_notebook', 'course_package', 'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult',
+           'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed', 'waiting_on', 'score_notebook',
+           'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations', 'solution_cells',
+           'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
            'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #81de45b8
@@ -418,8 +419,17 @@ notebook, export it into the package after finishing that notebook:
 
     .venv/bin/nbdev_export
 
-When your work is graded, the earlier modules a notebook imports come from the reference package, so an
-exercise left unfinished in one notebook costs points in that notebook only.
+`nbdev_test` stops at the first cell that fails. To check one exercise alone, whatever state the rest of the
+notebook is in, and to see points per exercise as the grader counts them:
+
+    .venv/bin/minitrain-inspect grade . --only 08_stats --exercise welford_merge
+    .venv/bin/minitrain-inspect grade . --only 08_stats
+
+An exercise that fails only because an earlier one is unfinished (its stub raised on the way) is reported as
+"waiting on `linear` (01_layers)", not as wrong: finish and export that one first. When your work is graded, the
+earlier modules a notebook imports come from the reference package, so an exercise left unfinished in one
+notebook costs points in that notebook only; on every exercise not reported as waiting, your check and the grade
+agree.
 """
 
 # %% ../nbs/16_course.ipynb #4103e700
@@ -605,7 +615,9 @@ def harness_describe(exc, source: str, index: int) -> str:
     import traceback
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     message = lines[0] if lines else ""
-    if message.endswith(":") and len(lines) > 1:       # fastcore's test_eq says '==:', then both values
+    if message in ("==:", "close:") and len(lines) == 3:   # fastcore's test_eq(got, expected): '==:', then both values
+        message = f"expected {'' if message == '==:' else 'close to '}{lines[2]}, got {lines[1]}"
+    elif message.endswith(":") and len(lines) > 1:
         message = " ".join(lines[:3])
     record = {"error": type(exc).__name__, "message": message[:300]}
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<cell {index}>"]
@@ -868,10 +880,11 @@ def _reference_hidden() -> list[Path]:
 
 
 def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, skip_flags=("slow",),
-              children=None, hide=()) -> CellRun:
+              children=None, hide=(), package=None) -> CellRun:
     """Run the code cells of notebook `nb` (a dict; `name` is its file name) in the grader's room, up to cell index
     `upto` (default: all), skipping what `nbdev_test` skips; killed after `timeout` s. `hide`: more folders the
-    child must not see. `children`, a set, holds the subprocess while it runs, so that a caller can kill them all."""
+    child must not see. `children`, a set, holds the subprocess while it runs, so that a caller can kill them all.
+    `package`: the package whose earlier modules the notebook imports (default: the grader's own)."""
     chosen, skipped = _cells_to_run(nb, upto, skip_flags)
     graded = {i for i, cell in enumerate(nb["cells"]) if nbgrader_meta(cell).get("grade")}
     cells = [dict(c, graded=c["index"] in graded, names=_names_used(c["source"]) if c["index"] in graded else [])
@@ -882,7 +895,7 @@ def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, 
     reader = threading.Thread(target=_drain, args=(read_end, received), daemon=True)
     try:
         inside = isolation_mode() != "limits only"
-        _prepare_run_folder(base, nb, name, inside)
+        _prepare_run_folder(base, nb, name, inside, package)
         env = _child_env("/tmp/pkg" if inside else str(base / "pkg"), "/tmp/home" if inside else str(base / "home"))
         plan = json.dumps({"fd": write_end, "cells": cells, "trusted": TRUSTED_IMPORTS, "roots": TRUSTED_ROOTS})
         reader.start()
@@ -902,11 +915,11 @@ def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, 
         shutil.rmtree(base, ignore_errors=True)
 
 # %% ../nbs/16_course.ipynb #9c810486
-def _prepare_run_folder(base: Path, nb: dict, name: str, inside: bool) -> None:
+def _prepare_run_folder(base: Path, nb: dict, name: str, inside: bool, package=None) -> None:
     (base / "run").mkdir()
     (base / "home").mkdir()
     (base / "run" / name).write_text(json.dumps(nb), encoding="utf-8")
-    course_package(base / "pkg", Path(name).stem)
+    course_package(base / "pkg", Path(name).stem, package)
     if not inside:                                  # no room: the child reaches these through `base` itself
         os.chmod(base, 0o711)
         os.chmod(base / "home", 0o777)
@@ -953,6 +966,7 @@ class ExerciseResult:
     max_points: float
     message: str = ""
     graded: bool = True      # False: not graded here (it needs PyTorch, which this machine lacks); not in the totals
+    waiting: str = ""        # "linear (01_layers)": it failed through that unfinished earlier exercise, not its own code
 
 # %% ../nbs/16_course.ipynb #506d609f
 @dataclass
@@ -988,7 +1002,7 @@ class GradeReport:
         "The report as a table per exercise, the notebooks' times and statuses, and the total."
         rows = [("notebook", "exercise", "result", "points", "first failure")]
         for e in self.exercises:
-            rows.append((e.notebook, e.exercise, "passed" if e.passed else "FAILED" if e.graded else "not graded",
+            rows.append((e.notebook, e.exercise, "passed" if e.passed else "waiting" if e.waiting else "FAILED" if e.graded else "not graded",
                          f"{_num(e.points)}/{_num(e.max_points)}",
                          e.message if len(e.message) <= 100 else e.message[:97] + "..."))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -998,9 +1012,10 @@ class GradeReport:
             extra = f"; {n.ungraded_errors} ungraded cell(s) failed, first: {n.first_ungraded_error}" if n.ungraded_errors else ""
             lines.append(f"{n.notebook}: {_num(n.points)}/{_num(n.max_points)} points in {n.seconds:.1f} s, {n.status}{extra}")
         passed, graded = sum(e.passed for e in self.exercises), sum(e.graded for e in self.exercises)
-        skipped = len(self.exercises) - graded
-        lines.append(f"\ntotal: {_num(self.points)} of {_num(self.max_points)} points "
-                     f"({passed} of {graded} exercises passed" + (f"; {skipped} not graded: {TORCH_HINT})" if skipped else ")"))
+        skipped, waiting = len(self.exercises) - graded, sum(bool(e.waiting) for e in self.exercises)
+        lines.append(f"\ntotal: {_num(self.points)} of {_num(self.max_points)} points ({passed} of {graded} exercises passed"
+                     + (f"; {waiting} waiting on unfinished earlier exercises" if waiting else "")
+                     + (f"; {skipped} not graded: {TORCH_HINT})" if skipped else ")"))
         return "\n".join(line.rstrip() for line in lines)
 
 # %% ../nbs/16_course.ipynb #0e53fd13
@@ -1017,6 +1032,23 @@ def torch_installed() -> bool:
     "Whether PyTorch can be imported by the notebooks this grader runs (the same interpreter), without importing it."
     import importlib.util
     return importlib.util.find_spec("torch") is not None
+
+# %% ../nbs/16_course.ipynb #cf0c3e7a
+STUB_MESSAGE = re.compile(r"NotImplementedError: Exercise (\S+) \(([^)\s]+)\)")
+
+
+def waiting_on(run: CellRun, index: int, stem: str, exercise: str) -> str:
+    """`exercise (notebook)` of the stub of another exercise that graded cell `index` raised itself, else the first
+    that a cell before it raised, or '' when none did: what a failure of that cell (of `exercise` in notebook `stem`)
+    is waiting on."""
+    for i in [index, *sorted(k for k in run.results if k < index)]:
+        if i not in run.results:
+            continue
+        ok, message = run.results[i]
+        found = None if ok else STUB_MESSAGE.search(message)
+        if found and (found.group(1), found.group(2)) != (exercise, stem):
+            return f"`{found.group(1)}` ({found.group(2)})"
+    return ""
 
 # %% ../nbs/16_course.ipynb #9b1c170b
 def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), missing=()) -> tuple[list, NotebookResult]:
@@ -1039,12 +1071,15 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
         else:
             if e.passed:
                 e.message = f"{c.grade_id}: {message}"
+                e.waiting = "" if c in missing else waiting_on(run, c.index, stem, c.exercise)
+                if e.waiting:
+                    e.message = f"waiting on {e.waiting}; {e.message}"
             e.passed = False
     for e in exercises.values():
         if not e.graded:
             e.passed, e.points, e.max_points, e.message = False, 0, 0, f"not graded: it needs PyTorch ({TORCH_HINT})"
         elif run.tampered:                  # the whole notebook scores 0, and says why
-            e.passed, e.points, e.message = False, 0, f"tampering detected: {run.tampered}"
+            e.passed, e.points, e.message, e.waiting = False, 0, f"tampering detected: {run.tampered}", ""
     ungraded = [m for i, (ok, m) in sorted(run.results.items()) if not ok and i not in graded]
     result = NotebookResult(stem, round(run.seconds, 2), run.status, sum(e.points for e in exercises.values()),
                             sum(e.max_points for e in exercises.values()), len(ungraded), ungraded[0] if ungraded else "")
@@ -1131,13 +1166,32 @@ def _grading_entries(folder: Path, ref_folder, only) -> list:
             entries.append((p.name, nb, missing))
     return entries
 
+# %% ../nbs/16_course.ipynb #4d45e3f6
+def _only_exercises(entries: list, exercises) -> tuple[list, dict]:
+    "The grading entries that hold one of `exercises` (all when None), and per notebook the last cell to run."
+    if not exercises:
+        return entries, {}
+    known = {c.exercise for name, nb, missing in entries for c in [*(graded_cells(nb, name) if nb else []), *missing]}
+    unknown = sorted(set(exercises) - known)
+    if unknown:
+        raise CourseError(f"no exercise {unknown[0]!r} in the notebooks graded (have: {', '.join(sorted(known))})")
+    kept, upto = [], {}
+    for name, nb, missing in entries:
+        cells = [c.index for c in (graded_cells(nb, name) if nb else []) if c.exercise in exercises]
+        if cells or any(c.exercise in exercises for c in missing):
+            kept.append((name, nb, [c for c in missing if c.exercise in exercises]))
+            upto[name] = max(cells) if cells else None
+    return kept, upto
+
 # %% ../nbs/16_course.ipynb #3ee7b572
 def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFAULT_WORKERS,
-          skip_flags=None, reference=None) -> GradeReport:
+          skip_flags=None, reference=None, exercises=None, package=None) -> GradeReport:
     """Grade the notebooks of `path` (a release folder, or a notebooks folder such as the instructor's `nbs`):
     each notebook with graded cells runs in a subprocess, `timeout` seconds at most; `only` names notebooks by stem.
     With `reference` (the instructor's notebooks folder), the graded cells and points are the reference's
-    (`lock_graded_cells`), and a notebook of the reference missing from `path` scores 0 of its points."""
+    (`lock_graded_cells`), and a notebook of the reference missing from `path` scores 0 of its points.
+    `exercises` names exercises: only their tests count, each notebook run up to its last graded cell of them.
+    `package`: the folder of the package whose earlier modules the notebooks import (default: the grader's own)."""
     timeout = _check_timeout(timeout)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise CourseError(f"workers must be a positive whole number, got {workers!r}")
@@ -1145,18 +1199,18 @@ def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFA
     ref_folder = notebooks_folder(reference) if reference is not None else None
     if skip_flags is None:
         skip_flags = tuple(_settings(folder.parent).get("tst_flags", "").split()) if (folder.parent / "settings.ini").is_file() else ("slow",)
-    entries = _grading_entries(folder, ref_folder, only)       # every notebook read and checked first
+    entries, upto = _only_exercises(_grading_entries(folder, ref_folder, only), exercises)
     hide = [folder.parent, *([ref_folder.parent] if ref_folder else [])]      # other hand-ins, the reference
     runs = _parallel([lambda children, nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags, children=children,
-                                                                   hide=hide)
+                                                                   hide=hide, upto=upto.get(name), package=package)
                       if nb is not None and graded_cells(nb, name) else CellRun({}, "missing" if nb is None else "ok", 0.0)
                       for name, nb, missing in entries], workers)
-    exercises, results = [], []
+    scored, results = [], []
     for (name, nb, missing), run in zip(entries, runs):
         e, n = score_notebook(name, nb if nb is not None else {"cells": []}, run, skip_flags, missing)
-        exercises += e
+        scored += [x for x in e if not exercises or x.exercise in exercises]
         results.append(n)
-    return GradeReport(sum(e.points for e in exercises), sum(e.max_points for e in exercises), exercises, results)
+    return GradeReport(sum(e.points for e in scored), sum(e.max_points for e in scored), scored, results)
 
 # %% ../nbs/16_course.ipynb #73faa9c4
 @dataclass

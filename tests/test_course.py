@@ -437,3 +437,23 @@ def test_with_a_reference_only_the_references_notebooks_and_points_count(tmp_pat
     from minitrain_inspect.sandbox import isolation_mode
     room = isolation_mode()                                  # the line names the room; a weaker one is a warning
     assert r.stderr.startswith("minitrain-inspect: " + ("warning: isolation: WEAKER" if room == "limits only" else f"isolation: {room}")), r.stderr
+
+
+def test_the_students_check_agrees_with_the_grade_where_it_is_not_waiting(release_dir, tmp_path):
+    """Issue 23: a student who finished 10_inspect but not 01_layers or 08_stats checks it in their release, whose
+    package has the stubs; the instructor grades it with the reference package. Every exercise the student's check
+    does not report as waiting scores the same in both, and the stubs of earlier notebooks show as waiting."""
+    student = tmp_path / "student"
+    shutil.copytree(release_dir, student)
+    shutil.copy2(NBS / "10_inspect.ipynb", student / "nbs" / "10_inspect.ipynb")
+    own = grade(student, only=["10_inspect"], package=student / "minitrain_inspect")      # in the student's venv
+    instructor = grade(student, only=["10_inspect"], reference=NBS)
+    print(own.to_text(), instructor.to_text(), sep="\n\n")
+    theirs = {e.exercise: (e.passed, e.points) for e in instructor.exercises}
+    waiting = [e for e in own.exercises if e.waiting]
+    assert waiting, "the release's stubbed earlier modules should leave some exercise waiting"
+    assert all(e.message.startswith("waiting on `") and "(0" in e.waiting for e in waiting), [e.message for e in waiting]
+    disagree = [(e.exercise, (e.passed, e.points), theirs[e.exercise]) for e in own.exercises
+                if not e.waiting and (e.passed, e.points) != theirs[e.exercise]]
+    assert not disagree, disagree
+    assert all(passed for passed, _ in theirs.values()), instructor.to_text()
