@@ -867,7 +867,8 @@ def _machine_lines(bench: dict) -> list[str]:
     load = bench.get("load") or (math.nan, math.nan)
     return [f"Machine: {bench['machine']}. Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
             f"Date: {bench['date']}.",
-            "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "") + "`.", ""]
+            "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "")
+            + (" --clock cpu" if bench.get("clock") == "cpu" else "") + "`.", ""]
 
 # %% ../nbs/13_overhead.ipynb #0f1587fa
 def results_markdown(bench: dict) -> str:
