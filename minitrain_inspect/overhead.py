@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from .twin import (INSTALL_HINT, TorchMissingError, require_torch, to_torch, tor
                                     torch_per_example_loss)
 
 # %% auto #0
-__all__ = ['VARIANTS', 'PLAIN_VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF',
+__all__ = ['VARIANTS', 'PLAIN_VARIANTS', 'TORCH_VARIANTS', 'FLOOR_PARTS', 'CLOCKS', 'SPREAD_WARNING_POINTS', 'BASELINE_OF',
            'MINITRAIN_VARIANTS', 'SCALING_VARIANTS', 'MAX_BENCH_STEPS', 'MAX_REPEATS', 'OVERHEAD_KEYS', 'ROWS', 'FULL',
            'QUICK', 'TrainingRun', 'lockstep', 'torch_threads', 'with_torch_dropout', 'torch_training_step',
            'TorchHandles', 'TorchWatcher', 'FastaiHooks', 'torch_moments', 'torch_unit_health', 'TorchSpectralNorm',
@@ -508,15 +509,30 @@ def _add_cost(cost: dict, runs: dict) -> None:
         for panel, seconds in runs["every_step"].inspector.cost.items():
             cost[panel] = cost.get(panel, 0.0) + seconds
 
+# %% ../nbs/13_overhead.ipynb #f11e4f6b
+CLOCKS = {"wall": (time.perf_counter, "elapsed time"),
+          "cpu": (time.thread_time, "CPU time of the main thread (time.thread_time)")}
+
+
+def _check_clock(clock: str, blas_threads: int) -> Callable[[], float]:
+    """The timer for `clock`: 'wall' (elapsed time) or 'cpu' (the main thread's CPU time: time other processes hold
+    the core is left out, which steadies the figures on a shared machine, but so would be the work of other threads,
+    so only with one BLAS thread)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and blas_threads != 1:
+        raise ValueError(f"clock 'cpu' times the main thread only, so it needs one BLAS thread, got {blas_threads}")
+    return CLOCKS[clock][0]
+
 # %% ../nbs/13_overhead.ipynb #244af47a
 def measure(config: TrainConfig, data, variants, repeats: int, block: int = 20, progress=None,
-            floor: bool = False) -> dict:
+            floor: bool = False, clock: Callable[[], float] = time.perf_counter) -> dict:
     "Per variant the ms/step of each repeat (`times`), the every-step panels' seconds, the guard's adjustments, floor times."
     times, cost, throttled, floor_ms = {v: [] for v in variants}, dict.fromkeys(PANELS, 0.0), [], []
     parts = floor_arrays(config, data) if floor else None
     for _ in range(repeats):
         runs = {v: _make_run(v, config, data) for v in variants}
-        ms = lockstep(runs, config.steps - 2, block, progress)
+        ms = lockstep(runs, config.steps - 2, block, progress, clock=clock)
         _check_unchanged({v: run.finish() for v, run in runs.items()})
         for v in variants:
             times[v].append(ms[v])
@@ -608,12 +624,13 @@ def _scaling_configs(config: TrainConfig, widths, batches, examples: int) -> lis
     return points
 
 # %% ../nbs/13_overhead.ipynb #d9e2b668
-def _measure_scaling(main: dict, config: TrainConfig, data, points, repeats: int, block: int, bar) -> dict:
+def _measure_scaling(main: dict, config: TrainConfig, data, points, repeats: int, block: int, bar,
+                     clock: Callable[[], float] = time.perf_counter) -> dict:
     "The scaling tables, {axis: {value: row}}: every point measured, except the reference point `config` itself."
     scaling = {"width": {}, "batch": {}}
     for axis, value, point in points:
         bar.set_postfix_str(f"{axis} {value}", refresh=False)
-        measured = None if point == config else measure(point, data, SCALING_VARIANTS, repeats, block, bar)
+        measured = None if point == config else measure(point, data, SCALING_VARIANTS, repeats, block, bar, clock=clock)
         scaling[axis][str(value)] = _scaling_point(main, measured)
     return scaling
 
@@ -632,9 +649,9 @@ def _progress_bar(total: int, progress: bool):
 # %% ../nbs/13_overhead.ipynb #cc54a1a6
 def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3, seed: int = 0,
                   variants=MINITRAIN_VARIANTS, blas_threads: int = 1, batches=(16, 64, 256), against: str | None = None,
-                  progress: bool = False, block: int = 20) -> dict:
+                  progress: bool = False, block: int = 20, clock: str = "wall") -> dict:
     "Interleaved overhead benchmark of the reference workload, its floor, and scaling with width and batch size."
-    variants = _check_benchmark(steps, repeats, width_repeats, against, variants)
+    variants, timer = _check_benchmark(steps, repeats, width_repeats, against, variants), _check_clock(clock, blas_threads)
     config = TrainConfig(steps=steps, seed=seed, progress=False, eval_every=steps, blas_threads=blas_threads)
     data = run_data(config)
     points = _scaling_configs(config, widths, batches, len(data.train))
@@ -643,11 +660,11 @@ def run_benchmark(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), wi
     load_start = _load_average()
     with limit_blas_threads(blas_threads), torch_threads(blas_threads), _progress_bar(total, progress) as bar:
         blas = blas_description()
-        main = measure(config, data, variants, repeats, block, bar, floor=True)
-        scaling = _measure_scaling(main, config, data, points, width_repeats, block, bar)
+        main = measure(config, data, variants, repeats, block, bar, floor=True, clock=timer)
+        scaling = _measure_scaling(main, config, data, points, width_repeats, block, bar, clock=timer)
     return _summarise(main, scaling, dict(steps=steps, repeats=repeats, scaling_repeats=width_repeats, seed=seed,
                                           blas_threads=blas_threads, blas=blas, kernels=kernels_description(),
-                                          against=against, load=(load_start, _load_average())))
+                                          against=against, load=(load_start, _load_average()), clock=clock))
 
 # %% ../nbs/13_overhead.ipynb #9d081a09
 OVERHEAD_KEYS = (("overhead", "default"), ("overhead_every_step", "every_step"), ("overhead_disabled", "disabled"),
@@ -814,8 +831,8 @@ def _method_lines(bench: dict) -> list[str]:
             f"Reference workload: past-tense MLP, two hidden layers of width 256, batch 64, Adam, dropout 0.3. Each "
             f"repeat trains one {bench['steps']}-step run per configuration, the runs advanced in lockstep (blocks of "
             f"20 steps, rotating order). Only steps are timed: the dataset, model, optimiser and hooks are built, and "
-            f"step 0 run, before the clock starts; the last step (it evaluates) is left out. t = mean time per timed "
-            f"step; figures are medians over {bench['repeats']} repeats; overhead = median of paired "
+            f"step 0 run, before the clock starts; the last step (it evaluates) is left out. t = mean "
+            f"{CLOCKS[bench.get('clock', 'wall')][1]} per timed step; figures are medians over {bench['repeats']} repeats; overhead = median of paired "
             f"(t_variant - t_baseline) / t_baseline, with the lowest and highest repeat. PyTorch runs the twin of "
             f"the same model with its own nn.Dropout (each framework draws its own masks).", "",
             f"**BLAS threads: {bench['blas_threads']}** for every run (threadpoolctl: {bench['blas']}"
@@ -850,7 +867,8 @@ def _machine_lines(bench: dict) -> list[str]:
     load = bench.get("load") or (math.nan, math.nan)
     return [f"Machine: {bench['machine']}. Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end.",
             f"Date: {bench['date']}.",
-            "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "") + "`.", ""]
+            "Produced by `minitrain-inspect overhead" + (" --against torch" if bench.get("against") else "")
+            + (" --clock cpu" if bench.get("clock") == "cpu" else "") + "`.", ""]
 
 # %% ../nbs/13_overhead.ipynb #0f1587fa
 def results_markdown(bench: dict) -> str:
@@ -892,6 +910,9 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--quick", action="store_true", help="a small, fast measurement (a smoke test, not a figure)")
     parser.add_argument("--blas-threads", type=int, default=1, metavar="N",
                         help="BLAS threads, and PyTorch threads (default 1: reproducible, and fastest here)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall: elapsed time (default); cpu: the main thread's CPU time, which leaves out the time "
+                             "other processes hold the core (steadier on a shared machine; one BLAS thread only)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the note")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
@@ -926,7 +947,8 @@ def overhead_command(args: argparse.Namespace) -> int:
     TrainConfig(blas_threads=args.blas_threads)                # checks the thread count before any work
     bench = run_benchmark(steps=settings["steps"], repeats=settings["repeats"], widths=settings["widths"],
                           width_repeats=settings["scaling_repeats"], batches=settings["batches"],
-                          blas_threads=args.blas_threads, against=args.against, progress=not args.quiet)
+                          blas_threads=args.blas_threads, against=args.against, progress=not args.quiet,
+                          clock=args.clock)
     if out is not None:
         write_results(bench, out)
     print(json.dumps(to_jsonable(bench), allow_nan=False) if args.json else results_markdown(bench))

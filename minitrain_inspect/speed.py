@@ -565,14 +565,15 @@ class FastUpdatePanel(UpdatePanel):
                 and len(optimizer._step_post_hooks) == 1 and len(optimizer._update_hooks) == 1)
 
     def on_step_begin(self, params, optimizer) -> None:
-        "Arm the measure where the conditions hold (taking it on at the first such step); else copy, the plain way."
+        "Put a measure on the optimiser for this step where the conditions hold; else copy, the plain way."
+        self.detach()                          # a measure left by a step that never ended
         compiled = getattr(self.ops, "compiled", False)     # without the kernel the twin costs more than copies
-        if self._measure is None and compiled and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
+        if compiled and type(optimizer) in (SGD, Adam) and not optimizer._update_hooks:
             self._measure = UpdateMeasure(optimizer)
-        self._fast = self._measure is not None and self._measure.optimizer is optimizer and self.vouched(optimizer)
+            self._fast = self.vouched(optimizer)
         if not self._fast:
+            self.detach()
             return super().on_step_begin(params, optimizer)
-        self._measure.armed = True             # this step's writes are measured...
         self._copied = list(params)            # nothing copied: the names to record
 
     def on_step_end(self, params) -> None:
@@ -583,7 +584,7 @@ class FastUpdatePanel(UpdatePanel):
             delta, w_norm = self._measure.pairs.get(id(p)) or (math.nan, math.nan)
             self.record(f"updates/{name}/ratio", delta / w_norm if 0 < w_norm < math.inf else math.nan)
         self._copied = []
-        self._measure.armed = False            # ... and no other: a step the panel is not due at costs nothing
+        self.detach()     # off until the next due step: a step the panel is not due at runs no hook of it at all
 
     def detach(self) -> None:
         if self._measure is not None:
@@ -593,7 +594,7 @@ class FastUpdatePanel(UpdatePanel):
     def reset(self) -> None:
         super().reset()
         self._fast = False
-        self._measure = getattr(self, "_measure", None)     # the hooks stay through a reset
+        self._measure = getattr(self, "_measure", None)     # a step under way keeps its measure through a reset
 
 # %% ../nbs/10a_speed.ipynb #1c5bc4bb
 def fast_inspector(*args, panels=(), **kwargs) -> Inspector:

@@ -56,6 +56,8 @@ def _block_sums(flat: np.ndarray, squares: bool = False) -> list[float]:
     """The float64 sums of the values of 1-D `flat` (or of their squares), one per block of `_BLOCK` values (the last
     one may be shorter), by NumPy's own loops: einsum without `optimize` never calls BLAS."""
     refuse_longdouble(flat.dtype)
+    if squares and flat.dtype in (np.float32, np.float16):
+        flat = flat.astype(np.float64)      # exact; one copy read twice costs less than einsum's casts of two operands
     body = flat.size - flat.size % _BLOCK
     operands = 2 if squares else 1
     sums = []
@@ -278,27 +280,41 @@ def _deviation_m2(flat: np.ndarray, mean: float, lo: float, hi: float,
     return _corrected_m2(dev, math.inf), exp   # always corrected: a subnormal mean is off by up to 2**-1075
     ### END SOLUTION
 
+# %% ../nbs/08_stats.ipynb #b7108d4a
+def _float64_copy(flat: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
+    "An exact float64 copy of the 1-D float32 array `flat`, written into `scratch` where it fits (see `_buffer`)."
+    out = _buffer(scratch, flat.size)
+    if out is None:
+        return flat.astype(np.float64)
+    np.copyto(out, flat)
+    return out
+
 # %% ../nbs/08_stats.ipynb #fbe12588
 def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart, within the bounds stated above on any machine. Finite for any finite input (see
-    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the deviations
-    where they are needed (never when it shares memory with `x`: the input is read, never written)."""
+    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the float64 copy
+    of float32 input and the deviations where they are needed (never when it shares memory with `x`: the input is read,
+    never written)."""
     x = _as_numeric_array(x)
     if scratch is not None and np.may_share_memory(scratch, x):
         scratch = None
     flat = x.reshape(-1)
     if flat.size == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf)
+    narrow = flat if flat.dtype == np.float32 else None
+    if narrow is not None:   # one exact float64 copy, which the sum and the squares below both read
+        flat = _float64_copy(flat, scratch)
     flat, total, nonfinite, nan = _split_finite(flat)
     size = flat.size
     if size == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, nonfinite, nan)
-    lo, hi = float(flat.min()), float(flat.max())
+    extremes_of = narrow if narrow is not None and not nonfinite else flat   # float32 extremes: half the bytes to read
+    lo, hi = float(np.minimum.reduce(extremes_of)), float(np.maximum.reduce(extremes_of))
     if lo == hi:  # a constant tensor: exact, no deviations needed
         return TensorMoments(size, lo, 0.0, lo, hi, nonfinite, nan)
     mean = _finite_mean(flat, total, lo, hi)
-    if flat.dtype == np.float32:   # exact squares in float64: one pass more, no float64 copy, where it cannot cancel
+    if narrow is not None:   # squares of float32 values are exact in float64: one pass more, where it cannot cancel
         m2 = _one_pass_m2(sum_of_squares(flat), total, size)
         if m2 is not None:
             return TensorMoments(size, mean, m2, lo, hi, nonfinite, nan)

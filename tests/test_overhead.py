@@ -223,6 +223,24 @@ def test_without_against_the_torch_figures_are_null_and_progress_shows(capsys, t
     assert note.read_text().startswith("# Inspector overhead")
 
 
+def test_cpu_clock_times_the_main_thread_and_says_so(capsys, monkeypatch):
+    "--clock cpu times the lockstep blocks by time.thread_time, and the note names that clock; it needs one BLAS thread."
+    import minitrain_inspect.overhead as overhead
+    calls = []
+    def counting_thread_time():
+        calls.append(1)
+        return real()
+    real = overhead.time.thread_time
+    monkeypatch.setitem(overhead.CLOCKS, "cpu", (counting_thread_time, "CPU time of the main thread (time.thread_time)"))
+    assert overhead_command(parse(*TINY, "--batches", "--clock", "cpu", "--quiet")) == 0
+    note = capsys.readouterr().out
+    assert calls and "t = mean CPU time of the main thread (time.thread_time) per timed step" in note
+    with pytest.raises(ValueError, match="one BLAS thread"):
+        run_benchmark(steps=4, repeats=1, widths=(), batches=(), clock="cpu", blas_threads=2)
+    with pytest.raises(ValueError, match="'wall' or 'cpu'"):
+        run_benchmark(steps=4, repeats=1, widths=(), batches=(), clock="sundial")
+
+
 def test_against_torch_without_torch_prints_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "torch", None)               # `import torch` now fails
     assert overhead_command(parse("--against", "torch", "--out", str(tmp_path / "r.md"))) == 2
