@@ -364,7 +364,9 @@ class TorchGroupLossPanel(PerClassPanel):
         groups, names = labels
         if groups.numel() != per_example.numel():
             raise ValueError(f"the batch was labelled with {groups.numel()} groups but the loss has {per_example.numel()} examples")
-        sums, counts = group_sums(per_example, groups.to(per_example.device), len(names))
+        if groups.device != per_example.device:        # labels made on the host go to the loss's device (no sync)
+            groups = groups.to(per_example.device, non_blocking=True)
+        sums, counts = group_sums(per_example, groups, len(names))
         if self._sums_step == self.step:        # a second loss call in the step: the step's mean over both
             sums, counts = sums + self._sums[0], counts + self._sums[1]
         self._sums, self._sums_step = (sums, counts), self.step
