@@ -7,26 +7,30 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Callable, NamedTuple
 
-from .inspect import (EVENTS, ActivationPanel, GradientPanel, Inspector, LossPanel, PerClassPanel,
-                                       Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
+from .inspect import (DEFAULT_SCHEDULES, EVENTS, ActivationPanel, GradientPanel, Inspector, LossPanel,
+                                       PerClassPanel, Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
                                        check_name, register_adapter)
-from .panels import ACTIVATION_RANGES
+from .panels import ACTIVATION_RANGES, History, as_schedule
 from .stats import check_int, new_state, summarize
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'REGRESSION_LOSSES',
-           'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'fold_torch', 'torch_l2',
-           'host_state', 'KeepIf', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
-           'as_matrix', 'TorchSpectralNorm', 'TorchOps', 'first_tensor', 'TorchTensorPanel', 'TorchActivationPanel',
-           'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'TorchGroupLossPanel',
-           'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook',
-           'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'host_states', 'TorchFlush',
-           'TorchSteps', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLabels', 'watched_modules',
-           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'TorchInspector']
+           'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
+           'torch_moments', 'fold_torch', 'torch_l2', 'host_state', 'KeepIf', 'to_host', 'torch_activation_kind',
+           'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm', 'TorchOps', 'first_tensor',
+           'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel',
+           'group_sums', 'TorchGroupLossPanel', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
+           'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
+           'TorchHandle', 'host_states', 'TorchFlush', 'TorchSteps', 'torch_loss_hook', 'TorchModuleHooks',
+           'TorchStepHooks', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval',
+           'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler',
+           'TorchInspector']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -404,7 +408,7 @@ class TorchSpectralPanel(SpectralPanel):
 # %% ../nbs/14a_torch.ipynb #a525ec97
 def torch_panels(stats: dict, bins: int) -> list:
     "The seven built-in panels for PyTorch, under the names, schedules and order of `10_inspect`'s."
-    from minitrain_inspect.inspect import DEFAULT_SCHEDULES as d
+    d = DEFAULT_SCHEDULES
     return [TorchLossPanel(d["loss"]), TorchActivationPanel(d["activations"], stats),
             TorchGradientPanel(d["gradients"], stats), TorchUpdatePanel(d["updates"]), TorchSpectralPanel(d["spectral"]),
             TorchUnitPanel(d["units"], bins), TorchGroupLossPanel(d["per_class"])]
@@ -758,8 +762,125 @@ def _check_torch_args(model, optimizer, loss_fn) -> None:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be an nn.Module or a function, got {type(loss_fn).__name__}")
 
-# %% ../nbs/14a_torch.ipynb #a48e8897
-class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchModuleHooks, TorchLabels, Inspector):
+# %% ../nbs/14a_torch.ipynb #2d891115
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "minitrain-inspect torch inspector", 1
+
+
+def history_text(history: History) -> str:
+    "The history as the JSON Lines text that `save_jsonl` writes."
+    with tempfile.TemporaryDirectory() as folder:
+        return history.save_jsonl(Path(folder) / "history.jsonl").read_text(encoding="utf-8")
+
+
+def history_from_text(text: str) -> History:
+    "A history read back from `history_text`'s text, validated line by line by `load_jsonl`."
+    if not isinstance(text, str):
+        raise TypeError(f"a checkpoint's history is JSON Lines text, got {type(text).__name__}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "history.jsonl"
+        path.write_text(text, encoding="utf-8")
+        return History.load_jsonl(path)
+
+# %% ../nbs/14a_torch.ipynb #f1c209aa
+_CHECKPOINT_KEYS = {"format": str, "version": int, "step": int, "history": str, "schedules": dict, "strides": dict,
+                    "stats": dict, "kinds": dict, "spectral": dict, "expected_hooks": (list, type(None)), "groups": list}
+
+
+def check_checkpoint(state) -> dict:
+    "`state` if it is an Inspector checkpoint of this version with every key of the right type; else ValueError/TypeError."
+    if not isinstance(state, dict):
+        raise TypeError(f"an Inspector checkpoint is a dict (from state_dict()), got {type(state).__name__}")
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"not an Inspector checkpoint of version {CHECKPOINT_VERSION}: format {state.get('format')!r}, "
+                         f"version {state.get('version')!r}")
+    for key, kind in _CHECKPOINT_KEYS.items():
+        if key not in state or not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise ValueError(f"checkpoint key {key!r} is missing or is not a {kind}: {type(state.get(key)).__name__}")
+    return state
+
+# %% ../nbs/14a_torch.ipynb #161fc171
+class TorchCheckpoint:
+    "Saving and restoring what a resumed run needs to continue one history."
+
+    def state_dict(self) -> dict:
+        "A JSON-ready checkpoint: step, history, schedules and strides, statistics, power-iteration vectors, hooks learned."
+        self._flush(force=True)
+        vectors = {n: e._v for n, e in self._by_name["spectral"]._estimators.items() if getattr(e, "_v", None) is not None}
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "step": self.step,
+                "history": history_text(self.history), "schedules": {p.name: p.schedule.to_spec() for p in self.panels},
+                "strides": {p.name: p.stride for p in self.panels}, "stats": host_states(self.stats),
+                "kinds": dict(self.kinds), "spectral": dict(zip(vectors, to_host(list(vectors.values())))),
+                "expected_hooks": None if self._expected is None else sorted(self._expected), "groups": list(self._group_ids)}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Continue from a checkpoint of `state_dict()`: the next step recorded is the checkpoint's step."
+        state = check_checkpoint(state)
+        loaded = history_from_text(state["history"])
+        self.history.series, self.history.meta = loaded.series, loaded.meta
+        if self.guard is not None:
+            self.guard.throttled, self.guard.notes = loaded.meta["throttled"], loaded.meta["notes"]
+        for panel in self.panels:
+            if panel.name in state["schedules"]:
+                panel.schedule, panel.stride = as_schedule(state["schedules"][panel.name]), int(state["strides"][panel.name])
+        self.stats.update({name: dict(s) for name, s in state["stats"].items()})
+        self.kinds.update(state["kinds"])
+        self._restore_vectors(state["spectral"])
+        self._expected = None if state["expected_hooks"] is None else set(state["expected_hooks"])
+        self._group_ids = {name: i for i, name in enumerate(state["groups"])}
+        self._opened = None
+        self._open(state["step"])
+
+    def _restore_vectors(self, vectors: dict) -> None:
+        torch, params = require_torch(), dict(self.params)
+        estimators = self._by_name["spectral"]._estimators
+        for name, v in vectors.items():
+            if name in params and hasattr(self.ops, "spectral"):
+                estimator = estimators.setdefault(name, self.ops.spectral())
+                estimator._v = torch.tensor(v, dtype=torch.float64, device=params[name].device)
+
+# %% ../nbs/14a_torch.ipynb #95e1ef68
+class ScalerHandle:
+    "Removes the Inspector's wrapper from a GradScaler's `step` (an attribute of that one object)."
+
+    def __init__(self, scaler):
+        self.scaler, self.active = scaler, True
+
+    def remove(self) -> None:
+        if self.active:
+            self.scaler.__dict__.pop("step", None)
+            self.active = False
+
+# %% ../nbs/14a_torch.ipynb #32f28738
+class TorchScaler:
+    "Skipped steps of a `GradScaler`: recorded, not counted as updates."
+
+    def register_scaler(self, scaler) -> ScalerHandle:
+        "Notice the steps `scaler` skips (inf or NaN gradients): `steps/skipped` in the history, and a note."
+        if "step" in vars(scaler):
+            raise ValueError("this GradScaler's step is already wrapped (by another Inspector?)")
+        original = scaler.step
+
+        def step(optimizer, *args, **kwargs):
+            before = self.step
+            result = original(optimizer, *args, **kwargs)
+            if self.step == before and self._enabled:      # no post hook fired: the scaler skipped optimizer.step()
+                self._skipped_step()
+            return result
+        scaler.step = step
+        return self._keep_extra(ScalerHandle(scaler))
+
+    def _skipped_step(self) -> None:
+        self.history.record("steps/skipped", self.step, 1.0)
+        self.note("steps skipped by the GradScaler (inf or NaN gradients) are in steps/skipped; "
+                  "their measurements are replaced by the retry's")
+        self._fired = {}
+        self._drop_tensor_hooks()
+        if isinstance(self._by_name.get("loss"), TorchLossPanel):
+            self._by_name["loss"]._running = (None, 0.0, 0)     # the retry's loss alone is the step's loss
+
+# %% ../nbs/14a_torch.ipynb #c452657a
+class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchModuleHooks, TorchLabels,
+                     TorchCheckpoint, TorchScaler, Inspector):
     "The Inspector for a `torch.nn.Module` and a `torch.optim` optimiser: PyTorch hooks, device statistics, batched flushes."
 
     def __init__(self, model=None, params=None, *, optimizer=None, loss_fn=None, modules=None, flush_every: int = 10,
@@ -775,5 +896,5 @@ class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchSte
         self.params, self._params_given = torch_named_params(model, params), params is not None
         self.reset()
 
-# %% ../nbs/14a_torch.ipynb #7fc52305
+# %% ../nbs/14a_torch.ipynb #3557aebe
 register_adapter("torch", is_torch_module, TorchInspector)

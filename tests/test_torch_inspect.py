@@ -16,6 +16,7 @@ from minitrain_inspect.stats import new_state, summarize
 from minitrain_inspect.torch_inspect import (TORCH_SUM_ERROR, TorchInspector, fold_torch, host_state, torch_moments)
 
 N_STEPS = 5
+torch.set_num_threads(1)      # 2 shared cores: more threads only contend (conventions: one thread at the reference size)
 
 
 # ---------------------------------------------------------------- models
@@ -349,3 +350,105 @@ def test_compiled_model_is_warned_about():
             run(compiled, opt, loss_fn, batches(2))
     assert insp.step == 2 and insp.history.get("loss/train")[0].tolist() == [0, 1]   # steps and loss still recorded
     assert any("may be compiled" in n for n in insp.history.meta["notes"])
+
+
+# ---------------------------------------------------------------- checkpoints
+def test_a_resumed_run_continues_one_history():
+    import json
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    data = batches(8)
+    model, opt = build("cnn", opt="adam")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"activations": 3, "spectral": 2}).attach() as whole:
+        run(model, opt, loss_fn, data, whole, label=True)
+
+    model, opt = build("cnn", opt="adam")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"activations": 3, "spectral": 2}).attach() as first:
+        run(model, opt, loss_fn, data[:5], first, label=True)
+        saved = json.loads(json.dumps({"inspector": first.state_dict(), "model": None}))["inspector"]   # plain JSON
+        weights, moments = model.state_dict(), opt.state_dict()
+    model2, opt2 = build("cnn", opt="adam", seed=7)
+    model2.load_state_dict(weights); opt2.load_state_dict(moments)
+    with Inspector(model2, optimizer=opt2, loss_fn=loss_fn).attach() as resumed:
+        resumed.load_state_dict(saved)
+        assert resumed.step == 5 and resumed.schedules["activations"].to_spec() == "every 3"
+        run(model2, opt2, loss_fn, data[5:], resumed, label=True)
+    assert resumed.step == 8
+    for key in whole.history.keys():
+        a, b = whole.history.get(key), resumed.history.get(key)
+        assert a[0].tolist() == b[0].tolist(), key
+        np.testing.assert_allclose(b[1], a[1], rtol=1e-12, err_msg=key)
+    assert resumed.snapshot()["conv"]["tensors"] == whole.snapshot()["conv"]["tensors"]
+
+
+def test_a_bad_checkpoint_is_refused():
+    model, opt = build("mlp")
+    insp = Inspector(model, optimizer=opt).attach()
+    with pytest.raises(ValueError, match="not an Inspector checkpoint"):
+        insp.load_state_dict({"format": "something else"})
+    good = insp.state_dict()
+    with pytest.raises(ValueError, match="'history'"):
+        insp.load_state_dict({**good, "history": 3})
+    with pytest.raises(ValueError, match="line 1"):
+        insp.load_state_dict({**good, "history": "not json\n"})
+    insp.remove_all()
+
+
+# ---------------------------------------------------------------- mixed precision
+def test_autocast_bfloat16_statistics_in_float64():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    seen = []
+    model[0].register_forward_hook(lambda m, a, o: seen.append(o.detach().clone()))
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        for xb, yb in batches(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+    assert seen[-1].dtype == torch.bfloat16
+    values = [float(v) for v in seen[-1].double().reshape(-1)]
+    exact = math.fsum(values) / len(values)
+    assert abs(insp.history.get("activations/0/mean")[1][-1] - exact) <= 2 * TORCH_SUM_ERROR(len(values)) * max(map(abs, values))
+    model._forward_hooks.clear()
+
+
+def test_a_step_skipped_by_the_grad_scaler_is_recorded_as_skipped():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    data = batches(4)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        insp.register_scaler(scaler)
+        seen = []
+        for i, (xb, yb) in enumerate(data):
+            opt.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            seen.append(loss.item())
+            scaler.scale(loss * (math.inf if i == 1 else 1.0)).backward()     # batch 1: inf gradients
+            scaler.step(opt)
+            scaler.update()
+    assert insp.step == 3, "the skipped batch must not count as a step"
+    assert insp.history.get("steps/skipped")[0].tolist() == [1]
+    steps, losses = insp.history.get("loss/train")
+    assert steps.tolist() == [0, 1, 2]
+    assert losses.tolist() == pytest.approx([seen[0], seen[2], seen[3]], rel=1e-6)   # the retry's loss, alone
+    assert "step" not in vars(scaler), "the scaler's wrapper outlived the Inspector"
+
+
+# ---------------------------------------------------------------- memory
+def test_live_tensors_stay_flat():
+    import gc
+    model, opt = build("cnn", opt="adamw")
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    data = batches(1)
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, flush_every=50).attach()
+
+    def live():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))   # type(): no __class__ lookups
+    run(model, opt, loss_fn, data * 100, insp, label=True)
+    after_100 = live()
+    run(model, opt, loss_fn, data * 400, insp, label=True)
+    assert live() <= after_100 + 5, (after_100, live())       # 400 more steps: nothing accumulates
+    insp.remove_all()
