@@ -21,7 +21,7 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
                                        PerClassPanel, Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
                                        check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
-from .stats import check_int, new_state, summarize
+from .stats import TensorMoments, check_int, fold_moments, new_state, summarize
 from .overhead import TorchRun, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
 from .train import blas_threads as limit_blas_threads
@@ -30,16 +30,17 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 # %% auto #0
 __all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'REGRESSION_LOSSES',
            'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
-           'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'fold_torch',
-           'torch_l2', 'host_state', 'KeepIf', 'to_host', 'torch_activation_kind', 'torch_unit_health',
-           'torch_histogram', 'as_matrix', 'TorchSpectralNorm', 'TorchOps', 'first_tensor', 'TorchTensorPanel',
+           'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'moments_row',
+           'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
+           'as_matrix', 'TorchSpectralNorm', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel',
            'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
-           'TorchGroupLossPanel', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook',
-           'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'host_states',
-           'TorchFlush', 'TorchSteps', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLabels',
-           'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text',
-           'check_checkpoint', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher',
-           'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table']
+           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel',
+           'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
+           'missing_message', 'TorchHandle', 'host_points', 'TorchFlush', 'TorchSteps', 'torch_loss_hook',
+           'TorchModuleHooks', 'TorchStepHooks', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
+           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -65,76 +66,40 @@ class TorchMoments(NamedTuple):
 
 # %% ../nbs/14a_torch.ipynb #d0f111ad
 def torch_moments(x) -> TorchMoments:
-    "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes)."
+    "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes, 15 operations)."
     torch = require_torch()
     flat = x.detach().reshape(-1).to(torch.float64)
     if flat.numel() == 0:           # the shape is known on the host: no sync to find an empty tensor
         zero = flat.new_zeros(())
-        return TorchMoments(zero, zero + math.nan, zero, zero + math.inf, zero - math.inf, zero, zero)
+        return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
     finite = torch.isfinite(flat)
     n = finite.sum(dtype=torch.float64)
     mean = torch.where(finite, flat, 0.0).sum() / n
-    deviation = torch.where(finite, flat - mean, 0.0)
-    lo = torch.where(finite, flat, math.inf).amin()
-    hi = torch.where(finite, flat, -math.inf).amax()
-    return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n, torch.isnan(flat).sum(dtype=torch.float64))
+    centred = torch.where(finite, flat, mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
+    deviation = centred - mean
+    lo, hi = torch.aminmax(centred)
+    return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n,
+                        torch.isnan(flat).sum(dtype=torch.float64))
 
-# %% ../nbs/14a_torch.ipynb #9563855c
-def _on(value, like):
-    "`value` as a float64 tensor on `like`'s device (a fresh state's Python numbers become tensors at the first fold)."
-    return value if hasattr(value, "device") else like.new_full((), float(value))
-
-
-def fold_torch(state: dict, tm: TorchMoments) -> TorchMoments:
-    "Fold the moments `tm` into the running state `state` (Chan's merge, float64, on the device); return `tm`."
+# %% ../nbs/14a_torch.ipynb #11b2c443
+def moments_row(x):
+    "The moments of `x` as one float64 device vector of 7: n, mean, M2, min, max, non-finite count, NaN count."
     torch = require_torch()
-    na, mean_a, m2_a = (_on(state[k], tm.mean) for k in ("n", "mean", "m2"))
-    n = na + tm.n
-    share = torch.where(tm.n > 0, tm.n / torch.clamp(n, min=1.0), 0.0)
-    delta = torch.where(tm.n > 0, tm.mean - mean_a, 0.0)
-    state["n"], state["mean"] = n, mean_a + delta * share
-    state["m2"] = m2_a + torch.where(tm.n > 0, tm.m2 + delta * delta * na * share, 0.0)
-    state["min"] = torch.minimum(_on(state["min"], tm.mean), tm.min)
-    state["max"] = torch.maximum(_on(state["max"], tm.mean), tm.max)
-    state["nonfinite"] = _on(state["nonfinite"], tm.mean) + tm.nonfinite
-    state["nan"] = _on(state["nan"], tm.mean) + tm.nan
-    _fold_l2(state, tm)
-    return tm
-
-# %% ../nbs/14a_torch.ipynb #2424f38e
-def torch_l2(tm: TorchMoments):
-    "‖x‖₂ of the finite values, sqrt(M2 + n mean²), from the moments (NaN if none)."
-    torch = require_torch()
-    return torch.where(tm.n > 0, torch.sqrt(tm.m2 + tm.n * torch.nan_to_num(tm.mean) ** 2), math.nan)
+    return torch.stack(torch_moments(x))
 
 
-def _fold_l2(state: dict, tm: TorchMoments) -> None:
-    "The last tensor's L2 norm, and the running mean of the norms of the tensors that had finite values."
-    torch = require_torch()
-    l2 = torch_l2(tm)
-    counted = _on(state["l2_tensors"], tm.mean) + (tm.n > 0)
-    mean = _on(state["l2_mean"], tm.mean)
-    state["l2"], state["l2_tensors"], state["tensors"] = l2, counted, state["tensors"] + 1
-    state["l2_mean"] = torch.where(tm.n > 0, mean + (torch.nan_to_num(l2) - mean) / torch.clamp(counted, min=1.0), mean)
+def host_moments(row) -> TensorMoments:
+    "The `TensorMoments` (`08_stats`) of the 7 numbers of a `moments_row` on the host; a tensor without finite values: n = 0."
+    n, mean, m2, lo, hi, nonfinite, nan = row
+    if n == 0:
+        return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, int(nonfinite), int(nan))
+    return TensorMoments(int(n), mean, m2, lo, hi, int(nonfinite), int(nan))
 
-# %% ../nbs/14a_torch.ipynb #6b6cafe5
-_INT_KEYS = ("n", "nonfinite", "nan", "l2_tensors")
-
-
-def host_state(state: dict) -> dict:
-    "A copy of `state` with Python numbers for its device tensors, in one transfer (for `summarize`, JSON, a checkpoint)."
-    keys = [k for k, v in state.items() if hasattr(v, "device")]
-    values = to_host([state[k] for k in keys])
-    out = dict(state)
-    for key, value in zip(keys, values):
-        out[key] = int(value) if key in _INT_KEYS else value
-    return out
-
-# %% ../nbs/14a_torch.ipynb #ca8d4123
-class KeepIf(NamedTuple):
-    "A value to record only if `keep` (a 0-d bool tensor) is true when it reaches the host."
-    value: object
-    keep: object
+# %% ../nbs/14a_torch.ipynb #f937bbb3
+class Later(NamedTuple):
+    "Points to record, made at the flush: `finish(*numbers)` of the device `tensors`' host values gives `[(key, value)]`."
+    finish: Callable
+    tensors: tuple
 
 
 def to_host(values: list) -> list:
@@ -153,7 +118,7 @@ def to_host(values: list) -> list:
             start += size
     return out
 
-# %% ../nbs/14a_torch.ipynb #8c6a4511
+# %% ../nbs/14a_torch.ipynb #577f46e8
 TORCH_UNIT_KINDS = {"ReLU": "relu", "ReLU6": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 UNIT_RANGES = {**ACTIVATION_RANGES, "sigmoid": (0.0, 1.0)}
 SATURATION = 0.97
@@ -163,7 +128,7 @@ def torch_activation_kind(module) -> str | None:
     "'relu' (ReLU, ReLU6: dead units), 'tanh' or 'sigmoid' (saturated units), or None: no unit health."
     return TORCH_UNIT_KINDS.get(type(module).__name__)
 
-# %% ../nbs/14a_torch.ipynb #a6bcb61b
+# %% ../nbs/14a_torch.ipynb #1e71b05a
 def _units_last(output):
     "The output as (examples, units): units along axis 1 of a 4-D (image) output, else along the last axis."
     x = output.detach()
@@ -186,7 +151,7 @@ def torch_unit_health(output, kind: str) -> tuple:
     return (torch.where(unit_count > 0, units.sum() / unit_count, nan),
             torch.where(output_count > 0, (stuck & seen).sum() / output_count, nan))
 
-# %% ../nbs/14a_torch.ipynb #885ad2f3
+# %% ../nbs/14a_torch.ipynb #1e72ac7d
 def torch_histogram(output, kind: str, bins: int) -> tuple:
     "Fractions of the non-NaN outputs in each of `bins` fixed bins of the kind's range, and the shares below and above."
     torch = require_torch()
@@ -196,7 +161,7 @@ def torch_histogram(output, kind: str, bins: int) -> tuple:
     counts = torch.histc(x, bins=bins, min=lo, max=hi)
     return counts / seen, (x < lo).sum() / seen, (x > hi).sum() / seen
 
-# %% ../nbs/14a_torch.ipynb #bb680925
+# %% ../nbs/14a_torch.ipynb #1addb72d
 def as_matrix(weight):
     "A parameter as a matrix: (out, in·k·k) for a convolution's (out, in, k, ...) weight, the same matrix for a 2-D one."
     return weight.detach().reshape(weight.shape[0], -1)
@@ -225,13 +190,17 @@ class TorchSpectralNorm:
             self._v = torch.where(size > 0, w / torch.where(size > 0, size, 1.0), self._v)
         return sigma
 
-# %% ../nbs/14a_torch.ipynb #4e45a716
+# %% ../nbs/14a_torch.ipynb #fb73a9e0
 class TorchOps:
     "The panels' array interface on PyTorch tensors: float64 statistics as 0-d device tensors, never a host sync."
 
-    def moments(self, state: dict, x) -> TorchMoments:
-        "Fold tensor `x` into the running `state`; return the moments of `x` alone."
-        return fold_torch(state, torch_moments(x))
+    def moments_row(self, x):
+        "The 7 moments of `x` as one device vector (`moments_row`): what the tensor panels record, folded at the flush."
+        return moments_row(x)
+
+    def moments(self, state: dict, x) -> TensorMoments:
+        "`NumpyOps.moments` for a tensor: fold `x` into `state` now. It waits for the device; the panels use `moments_row`."
+        return fold_moments(state, host_moments(to_host([moments_row(x)])[0]))
 
     def units(self, output, kind: str, bins: int) -> tuple:
         "((stuck units, stuck outputs), (fractions, below, above)) of an activation's output, as device tensors."
@@ -258,16 +227,7 @@ class TorchOps:
         torch = require_torch()
         return torch.linalg.vector_norm(after.detach().to(torch.float64) - before)
 
-# %% ../nbs/14a_torch.ipynb #b3e3804b
-def _fields():
-    torch = require_torch()
-    nan = math.nan
-    return {"mean": lambda tm: tm.mean,
-            "std": lambda tm: torch.where(tm.n > 1, torch.sqrt(tm.m2 / torch.clamp(tm.n - 1, min=1.0)), nan),
-            "absmax": lambda tm: torch.where(tm.n > 0, torch.maximum(-tm.min, tm.max), nan),
-            "l2": torch_l2}
-
-
+# %% ../nbs/14a_torch.ipynb #966a6aec
 def first_tensor(output):
     "The tensor of a module's output: the output itself, or the first tensor of a tuple or list (attention's output)."
     torch = require_torch()
@@ -275,25 +235,26 @@ def first_tensor(output):
         output = next((o for o in output if isinstance(o, torch.Tensor)), None)
     return output if isinstance(output, torch.Tensor) else None
 
-# %% ../nbs/14a_torch.ipynb #9bd8fe29
+# %% ../nbs/14a_torch.ipynb #772beb2d
+def moment_points(state: dict, keys: list, nonfinite_key: str, row: list) -> list:
+    "At the flush: fold one tensor's moments (`row`, on the host) into `state`; the points of its fields, and of its non-finite count if any."
+    tm = fold_moments(state, host_moments(row))
+    points = [(key, field(tm)) for key, field in keys]
+    return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
+
+
 class TorchTensorPanel(TensorPanel):
-    "A tensor panel whose fields are device tensors; the count of non-finite values is kept only where there are any."
+    "A tensor panel that records each tensor's moments as one device vector, folded and turned into fields at the flush."
 
-    FIELDS = {"mean": None, "std": None, "absmax": None, "l2": None}    # filled with tensor expressions at first use
-
-    def measure(self, prefix: str, name: str, x, stat: str | None = None) -> TorchMoments:
-        "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field` as device tensors."
+    def measure(self, prefix: str, name: str, x, stat: str | None = None) -> None:
+        "Keep `x`'s moments for the flush, which folds them into the statistics `stat` (default: `name`) and records the fields."
         keys = self._keys.get((prefix, name))
         if keys is None:
-            fields = _fields()
-            keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{f}", fields[f]) for f in self.fields]
-        tm = self.ops.moments(self.stats[name if stat is None else stat], x)
-        for key, field in keys:
-            self.record(key, field(tm))
-        self.record(f"{prefix}/{name}/nonfinite", KeepIf(tm.nonfinite, tm.nonfinite > 0))
-        return tm
+            keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{field}", self.FIELDS[field]) for field in self.fields]
+        finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
+        self.record(None, Later(finish, (self.ops.moments_row(x),)))
 
-# %% ../nbs/14a_torch.ipynb #ca0e97f4
+# %% ../nbs/14a_torch.ipynb #b3c6fc28
 class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
     "Panel 2 for PyTorch: the statistics of each watched module's output tensor."
 
@@ -311,7 +272,7 @@ class TorchGradientPanel(TorchTensorPanel, GradientPanel):
         if grad is not None:
             self.measure("act_grads", name, grad, stat=f"{name}:grad_output")
 
-# %% ../nbs/14a_torch.ipynb #564a6d4a
+# %% ../nbs/14a_torch.ipynb #38f5496e
 class TorchUnitPanel(UnitPanel):
     "Panel 6 for PyTorch: dead ReLU-like units, saturated Tanh and Sigmoid units, and the histogram of their outputs."
 
@@ -331,7 +292,7 @@ class TorchUnitPanel(UnitPanel):
                              ("below", below), ("above", above)):
             self.record(f"units/{name}/{field}", value)
 
-# %% ../nbs/14a_torch.ipynb #3ca95dd9
+# %% ../nbs/14a_torch.ipynb #d4aeabaa
 class TorchLossPanel(LossPanel):
     "Panel 1 for PyTorch: the mean loss of each training step, and evaluation losses, as device tensors."
 
@@ -349,7 +310,7 @@ class TorchLossPanel(LossPanel):
     def flush(self, history) -> None:
         Records.flush(self, history)      # each call recorded its point already
 
-# %% ../nbs/14a_torch.ipynb #7fdd7592
+# %% ../nbs/14a_torch.ipynb #c5c3ebaa
 def group_sums(per_example, groups, count: int) -> tuple:
     "Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors."
     torch = require_torch()
@@ -357,7 +318,12 @@ def group_sums(per_example, groups, count: int) -> tuple:
     sums = values.new_zeros(count).index_add_(0, groups, values)
     return sums, values.new_zeros(count).index_add_(0, groups, torch.ones_like(values))
 
-# %% ../nbs/14a_torch.ipynb #38871cde
+# %% ../nbs/14a_torch.ipynb #d4b835d1
+def group_points(names: tuple, sums: list, counts: list) -> list:
+    "At the flush: `per_class/NAME` = the group's mean loss, for each group with members in the step."
+    return [(f"per_class/{name}", total / count) for name, total, count in zip(names, sums, counts) if count]
+
+# %% ../nbs/14a_torch.ipynb #5f9fa14b
 REDUCED_NOTE = ("per-group loss: the loss module reduces each batch to one number (reduction='mean'), so there is no "
                 "loss per example to split; give a loss with reduction='none'")
 UNLABELLED_NOTE = "per-group loss: no groups were given (call inspector.label_batch(groups) before the forward)"
@@ -383,23 +349,24 @@ class TorchGroupLossPanel(PerClassPanel):
         if self._sums_step == self.step:        # a second loss call in the step: the step's mean over both
             sums, counts = sums + self._sums[0], counts + self._sums[1]
         self._sums, self._sums_step = (sums, counts), self.step
-        means = sums / counts.clamp(min=1.0)
-        for i, name in enumerate(names):
-            self.record(f"per_class/{name}", KeepIf(means[i], counts[i] > 0))
+        self.record(None, Later(functools.partial(group_points, names), (sums, counts)))
 
     def flush(self, history) -> None:
         Records.flush(self, history)
 
-# %% ../nbs/14a_torch.ipynb #b891bbac
+# %% ../nbs/14a_torch.ipynb #40f8aea7
+def ratio_points(key: str, change: float, norm: float) -> list:
+    "At the flush: the point ‖Δw‖/‖w‖, NaN where ‖w‖ is 0 or not finite."
+    return [(key, change / norm if 0 < norm < math.inf else math.nan)]
+
+
 class TorchUpdatePanel(UpdatePanel):
     "Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from float64 copies, as device tensors."
 
     def on_step_end(self, params) -> None:
-        torch = require_torch()
         for name, p in self._copied:
-            delta, w_norm = self.ops.change_norm(p, self._before[name]), self._norms[name]
-            usable = (w_norm > 0) & torch.isfinite(w_norm)
-            self.record(f"updates/{name}/ratio", torch.where(usable, delta / torch.where(usable, w_norm, 1.0), math.nan))
+            finish = functools.partial(ratio_points, f"updates/{name}/ratio")
+            self.record(None, Later(finish, (self.ops.change_norm(p, self._before[name]), self._norms[name])))
         self._copied = []
 
 
@@ -414,7 +381,7 @@ class TorchSpectralPanel(SpectralPanel):
                     estimator = self._estimators[name] = self.ops.spectral()
                 self.record(f"spectral/{name}/sigma", estimator.estimate(p))
 
-# %% ../nbs/14a_torch.ipynb #a525ec97
+# %% ../nbs/14a_torch.ipynb #b7910790
 def torch_panels(stats: dict, bins: int) -> list:
     "The seven built-in panels for PyTorch, under the names, schedules and order of `10_inspect`'s."
     d = DEFAULT_SCHEDULES
@@ -422,7 +389,7 @@ def torch_panels(stats: dict, bins: int) -> list:
             TorchGradientPanel(d["gradients"], stats), TorchUpdatePanel(d["updates"]), TorchSpectralPanel(d["spectral"]),
             TorchUnitPanel(d["units"], bins), TorchGroupLossPanel(d["per_class"])]
 
-# %% ../nbs/14a_torch.ipynb #1c6b7830
+# %% ../nbs/14a_torch.ipynb #384d7f45
 def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
     def hook(module, args, output):
@@ -436,7 +403,7 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         ### END SOLUTION
     return hook
 
-# %% ../nbs/14a_torch.ipynb #69cfa2ba
+# %% ../nbs/14a_torch.ipynb #e2f522b4
 def output_grad_hook(inspector, name: str, module) -> Callable:
     "The tensor hook on the output of the module watched as `name`: the gradient arriving there, to the due panels."
     def hook(grad):
@@ -445,7 +412,7 @@ def output_grad_hook(inspector, name: str, module) -> Callable:
         ### END SOLUTION
     return hook
 
-# %% ../nbs/14a_torch.ipynb #f68ad3c8
+# %% ../nbs/14a_torch.ipynb #c2e9aaca
 def torch_step_hooks(inspector) -> tuple[Callable, Callable]:
     "The optimiser's step pre hook (gradients, copies before the step) and post hook (the step ends)."
     ### BEGIN SOLUTION
@@ -461,7 +428,7 @@ def torch_step_hooks(inspector) -> tuple[Callable, Callable]:
     ### END SOLUTION
     return pre_hook, post_hook
 
-# %% ../nbs/14a_torch.ipynb #839f34c2
+# %% ../nbs/14a_torch.ipynb #6ae1e904
 def missing_hooks(expected: set | None, fired: dict, watched) -> tuple[set, set]:
     "(names expected from now on, names missing at this step), from the hooks that fired (`{name: count}`)."
     ### BEGIN SOLUTION
@@ -471,12 +438,12 @@ def missing_hooks(expected: set | None, fired: dict, watched) -> tuple[set, set]
     return expected | seen, expected - seen
     ### END SOLUTION
 
-# %% ../nbs/14a_torch.ipynb #bde650f7
+# %% ../nbs/14a_torch.ipynb #5f942357
 def missing_message(missing: int, expected: int, step: int) -> str:
     "The warning for hooks that did not fire."
     return f"{missing} of {expected} forward hooks did not fire at step {step} (the model may be compiled)"
 
-# %% ../nbs/14a_torch.ipynb #15175902
+# %% ../nbs/14a_torch.ipynb #65ab75e0
 class TorchHandle:
     "A PyTorch hook's `RemovableHandle` with the interface of minitrain's `HookHandle`: `active` and `remove()`."
 
@@ -493,35 +460,26 @@ class TorchHandle:
         self.handle.remove()
         self.removed = True
 
-# %% ../nbs/14a_torch.ipynb #bce33537
-def host_states(states: dict) -> dict:
-    "Each running state of `states` with Python numbers for its device tensors, all in one transfer."
-    keys = [(name, k) for name, state in states.items() for k, v in state.items() if hasattr(v, "device")]
-    values = to_host([states[name][k] for name, k in keys])
-    out = {name: dict(state) for name, state in states.items()}
-    for (name, k), value in zip(keys, values):
-        out[name][k] = int(value) if k in _INT_KEYS else value
-    return out
+# %% ../nbs/14a_torch.ipynb #b5304f75
+def host_points(entry: tuple, numbers) -> list:
+    "The points `(key, step, value)` of one kept `entry`, its device values taken in turn from the iterator `numbers`."
+    key, step, value = entry
+    if isinstance(value, Later):
+        return [(k, step, v) for k, v in value.finish(*(next(numbers) for _ in value.tensors))]
+    return [(key, step, next(numbers))]
 
-# %% ../nbs/14a_torch.ipynb #e8ab4da3
+
 class TorchFlush:
     "The flush of a PyTorch Inspector: every `flush_every` steps, or when asked, one transfer for every kept value."
 
     def _to_host(self) -> None:
-        "Replace each panel's kept device values by Python numbers, in one transfer; drop KeepIf points kept for nothing."
-        entries = [(panel, i, v) for panel in self.panels for i, (_, _, v) in enumerate(panel.pending)]
-        flat = [x for _, _, v in entries for x in (v if isinstance(v, KeepIf) else (v,))]
-        host, at, dropped = to_host(flat), 0, set()
-        for panel, i, v in entries:
-            key, step, _ = panel.pending[i]
-            if isinstance(v, KeepIf):
-                panel.pending[i], at = (key, step, host[at]), at + 2
-                if not host[at - 1]:
-                    dropped.add((id(panel), i))
-            else:
-                panel.pending[i], at = (key, step, host[at]), at + 1
-        for panel in self.panels if dropped else ():
-            panel.pending = [p for i, p in enumerate(panel.pending) if (id(panel), i) not in dropped]
+        "Replace the device values each panel kept by host numbers, in one transfer; `Later` values become their points."
+        kept = [v for panel in self.panels for _, _, v in panel.pending]
+        flat = [t for v in kept for t in (v.tensors if isinstance(v, Later) else (v,))]
+        numbers = iter(to_host(flat))
+        for panel in self.panels:
+            if panel.pending:
+                panel.pending = [point for entry in panel.pending for point in host_points(entry, numbers)]
 
     def _flush(self, force: bool = False) -> None:
         if not force and (self.step + 1) % self.flush_every:
@@ -536,7 +494,7 @@ class TorchFlush:
     def snapshot(self) -> dict:
         "A JSON-ready copy of every statistic (after a flush): `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
         self._flush(force=True)
-        return {name: {"kind": self.kinds[name], **summarize(state)} for name, state in host_states(self.stats).items()}
+        return super().snapshot()
 
 # %% ../nbs/14a_torch.ipynb #44d54a3d
 class TorchSteps:
@@ -817,7 +775,7 @@ class TorchCheckpoint:
         vectors = {n: e._v for n, e in self._by_name["spectral"]._estimators.items() if getattr(e, "_v", None) is not None}
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "step": self.step,
                 "history": history_text(self.history), "schedules": {p.name: p.schedule.to_spec() for p in self.panels},
-                "strides": {p.name: p.stride for p in self.panels}, "stats": host_states(self.stats),
+                "strides": {p.name: p.stride for p in self.panels}, "stats": {name: dict(state) for name, state in self.stats.items()},
                 "kinds": dict(self.kinds), "spectral": dict(zip(vectors, to_host(list(vectors.values())))),
                 "expected_hooks": None if self._expected is None else sorted(self._expected), "groups": list(self._group_ids)}
 
