@@ -110,7 +110,7 @@ def to_host(values: list) -> list:
         if isinstance(v, torch.Tensor):
             by_device.setdefault(v.device, []).append(i)
     for indices in by_device.values():
-        flat = torch.cat([values[i].detach().reshape(-1).to(torch.float64) for i in indices])
+        flat = torch.cat([values[i] if values[i].dim() == 1 else values[i].reshape(-1) for i in indices]).double()
         numbers, start = flat.tolist(), 0      # the one transfer (a host sync) for this device
         for i in indices:
             size = values[i].numel()
