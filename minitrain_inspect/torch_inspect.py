@@ -40,7 +40,8 @@ __all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNL
            'TorchModuleHooks', 'TorchStepHooks', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
            'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpoint', 'ScalerHandle',
            'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table']
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -943,3 +944,55 @@ def torch_overhead_table(result: dict) -> str:
                  for w in widths]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+# %% ../nbs/14a_torch.ipynb #f9e56bdf
+def draw_update_ratios(ax, history: History) -> None:
+    "log10 of ‖Δw‖/‖w‖ per weight matrix over the steps, with the 1e-3 line."
+    for key in history.keys("updates/"):
+        name = key.split("/")[1]
+        if name.endswith("weight"):
+            steps, ratio = history.get(key)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ax.plot(steps, np.log10(ratio), lw=1, label=name)
+    ax.axhline(-3, color="k", ls="--", lw=1, label="1e-3")
+    ax.set(title="update / data ratio", xlabel="step", ylabel="log10 ‖Δw‖ / ‖w‖")
+    ax.legend(fontsize=7)
+
+# %% ../nbs/14a_torch.ipynb #b648f3dc
+def stuck_field(history: History, name: str) -> str:
+    "'saturated' or 'dead': which unit-health series a layer has."
+    return "saturated" if history.get(f"units/{name}/saturated")[0].size else "dead"
+
+
+def draw_last_histograms(ax, history: History) -> None:
+    "The last recorded histogram of each activation layer, with its share of saturated (or ≤ 0) outputs."
+    for name, layout in history.meta.get("histogram", {}).items():
+        steps, fractions = history.get(f"units/{name}/histogram")
+        if not steps.size:
+            continue
+        edges = np.linspace(layout["lo"], layout["hi"], layout["bins"] + 1)
+        share_key = "saturated_share" if stuck_field(history, name) == "saturated" else "zero_share"
+        share = history.get(f"units/{name}/{share_key}")[1][-1]
+        ax.plot((edges[:-1] + edges[1:]) / 2, fractions[-1], label=f"{name} ({layout['kind']}): {100 * share:.0f}% {share_key}")
+    ax.set(title="activation histograms (last step)", xlabel="output", ylabel="share of outputs")
+    ax.legend(fontsize=7)
+
+# %% ../nbs/14a_torch.ipynb #b20f3808
+def draw_stuck_units(ax, history: History) -> None:
+    "The share of dead (ReLU-like) or saturated (tanh, sigmoid) units per layer over the steps."
+    for name in history.meta.get("histogram", {}):
+        field = stuck_field(history, name)
+        steps, share = history.get(f"units/{name}/{field}")
+        ax.plot(steps, share, label=f"{name}: {field}")
+    ax.set(title="dead or saturated units", xlabel="step", ylabel="share of units", ylim=(-0.02, 1.02))
+    ax.legend(fontsize=7)
+
+
+def classic_plots(history: History):
+    "The three plots side by side: update ratios, last histograms, stuck units. Returns the matplotlib figure."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for draw, ax in zip((draw_update_ratios, draw_last_histograms, draw_stuck_units), axes):
+        draw(ax, history)
+    fig.tight_layout()
+    return fig
