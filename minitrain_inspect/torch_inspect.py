@@ -32,16 +32,16 @@ __all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNL
            'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
            'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'moments_row',
            'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
-           'as_matrix', 'TorchSpectralNorm', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel',
-           'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
-           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel',
-           'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
-           'missing_message', 'TorchHandle', 'host_points', 'TorchFlush', 'TorchSteps', 'torch_loss_hook',
-           'TorchModuleHooks', 'TorchStepHooks', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
-           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+           'as_matrix', 'TorchSpectralNorm', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points',
+           'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel',
+           'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel',
+           'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
+           'missing_hooks', 'missing_message', 'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
+           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules',
+           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
+           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
+           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
+           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -102,7 +102,7 @@ class Later(NamedTuple):
     finish: Callable
     tensors: tuple
 
-
+# %% ../nbs/14a_torch.ipynb #f37844f3
 def to_host(values: list) -> list:
     "`values` with every tensor replaced by Python numbers (0-d: a float; else a flat list), one transfer per device."
     torch = require_torch()
@@ -119,7 +119,7 @@ def to_host(values: list) -> list:
             start += size
     return out
 
-# %% ../nbs/14a_torch.ipynb #577f46e8
+# %% ../nbs/14a_torch.ipynb #8c6a4511
 TORCH_UNIT_KINDS = {"ReLU": "relu", "ReLU6": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 UNIT_RANGES = {**ACTIVATION_RANGES, "sigmoid": (0.0, 1.0)}
 SATURATION = 0.97
@@ -129,7 +129,7 @@ def torch_activation_kind(module) -> str | None:
     "'relu' (ReLU, ReLU6: dead units), 'tanh' or 'sigmoid' (saturated units), or None: no unit health."
     return TORCH_UNIT_KINDS.get(type(module).__name__)
 
-# %% ../nbs/14a_torch.ipynb #1e71b05a
+# %% ../nbs/14a_torch.ipynb #a6bcb61b
 def _units_last(output):
     "The output as (examples, units): units along axis 1 of a 4-D (image) output, else along the last axis."
     x = output.detach()
@@ -152,7 +152,7 @@ def torch_unit_health(output, kind: str) -> tuple:
     return (torch.where(unit_count > 0, units.sum() / unit_count, nan),
             torch.where(output_count > 0, (stuck & seen).sum() / output_count, nan))
 
-# %% ../nbs/14a_torch.ipynb #1e72ac7d
+# %% ../nbs/14a_torch.ipynb #885ad2f3
 def torch_histogram(output, kind: str, bins: int) -> tuple:
     "Fractions of the non-NaN outputs in each of `bins` fixed bins of the kind's range, and the shares below and above."
     torch = require_torch()
@@ -162,12 +162,12 @@ def torch_histogram(output, kind: str, bins: int) -> tuple:
     counts = torch.histc(x, bins=bins, min=lo, max=hi)
     return counts / seen, (x < lo).sum() / seen, (x > hi).sum() / seen
 
-# %% ../nbs/14a_torch.ipynb #1addb72d
+# %% ../nbs/14a_torch.ipynb #bb680925
 def as_matrix(weight):
     "A parameter as a matrix: (out, in·k·k) for a convolution's (out, in, k, ...) weight, the same matrix for a 2-D one."
     return weight.detach().reshape(weight.shape[0], -1)
 
-
+# %% ../nbs/14a_torch.ipynb #47a7ded3
 class TorchSpectralNorm:
     "Running estimate of a matrix's largest singular value, power iteration in float64 on the matrix's device."
 
@@ -191,25 +191,9 @@ class TorchSpectralNorm:
             self._v = torch.where(size > 0, w / torch.where(size > 0, size, 1.0), self._v)
         return sigma
 
-# %% ../nbs/14a_torch.ipynb #fb73a9e0
-class TorchOps:
-    "The panels' array interface on PyTorch tensors: float64 statistics as 0-d device tensors, never a host sync."
-
-    def moments_row(self, x):
-        "The 7 moments of `x` as one device vector (`moments_row`): what the tensor panels record, folded at the flush."
-        return moments_row(x)
-
-    def moments(self, state: dict, x) -> TensorMoments:
-        "`NumpyOps.moments` for a tensor: fold `x` into `state` now. It waits for the device; the panels use `moments_row`."
-        return fold_moments(state, host_moments(to_host([moments_row(x)])[0]))
-
-    def units(self, output, kind: str, bins: int) -> tuple:
-        "((stuck units, stuck outputs), (fractions, below, above)) of an activation's output, as device tensors."
-        return torch_unit_health(output, kind), torch_histogram(output, kind, bins)
-
-    def spectral(self) -> TorchSpectralNorm:
-        "A new estimator of one matrix's largest singular value."
-        return TorchSpectralNorm()
+# %% ../nbs/14a_torch.ipynb #ff041d1d
+class TorchNorms:
+    "Norms, copies and changes of tensors in float64 on their device: the update and spectral panels' side of the interface."
 
     def norm(self, x):
         "‖x‖₂ in float64, a 0-d tensor."
@@ -228,7 +212,27 @@ class TorchOps:
         torch = require_torch()
         return torch.linalg.vector_norm(after.detach().to(torch.float64) - before)
 
-# %% ../nbs/14a_torch.ipynb #966a6aec
+# %% ../nbs/14a_torch.ipynb #108f3cc8
+class TorchOps(TorchNorms):
+    "The panels' array interface on PyTorch tensors: float64 statistics as 0-d device tensors, never a host sync."
+
+    def moments_row(self, x):
+        "The 7 moments of `x` as one device vector (`moments_row`): what the tensor panels record, folded at the flush."
+        return moments_row(x)
+
+    def moments(self, state: dict, x) -> TensorMoments:
+        "`NumpyOps.moments` for a tensor: fold `x` into `state` now. It waits for the device; the panels use `moments_row`."
+        return fold_moments(state, host_moments(to_host([moments_row(x)])[0]))
+
+    def units(self, output, kind: str, bins: int) -> tuple:
+        "((stuck units, stuck outputs), (fractions, below, above)) of an activation's output, as device tensors."
+        return torch_unit_health(output, kind), torch_histogram(output, kind, bins)
+
+    def spectral(self) -> TorchSpectralNorm:
+        "A new estimator of one matrix's largest singular value."
+        return TorchSpectralNorm()
+
+# %% ../nbs/14a_torch.ipynb #ab72268d
 def first_tensor(output):
     "The tensor of a module's output: the output itself, or the first tensor of a tuple or list (attention's output)."
     torch = require_torch()
@@ -236,14 +240,14 @@ def first_tensor(output):
         output = next((o for o in output if isinstance(o, torch.Tensor)), None)
     return output if isinstance(output, torch.Tensor) else None
 
-# %% ../nbs/14a_torch.ipynb #772beb2d
+# %% ../nbs/14a_torch.ipynb #b7cdf1be
 def moment_points(state: dict, keys: list, nonfinite_key: str, row: list) -> list:
     "At the flush: fold one tensor's moments (`row`, on the host) into `state`; the points of its fields, and of its non-finite count if any."
     tm = fold_moments(state, host_moments(row))
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
 
-
+# %% ../nbs/14a_torch.ipynb #38dbaf79
 class TorchTensorPanel(TensorPanel):
     "A tensor panel that records each tensor's moments as one device vector, folded and turned into fields at the flush."
 
@@ -255,7 +259,7 @@ class TorchTensorPanel(TensorPanel):
         finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
         self.record(None, Later(finish, (self.ops.moments_row(x),)))
 
-# %% ../nbs/14a_torch.ipynb #b3c6fc28
+# %% ../nbs/14a_torch.ipynb #7fb69126
 class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
     "Panel 2 for PyTorch: the statistics of each watched module's output tensor."
 
@@ -265,7 +269,7 @@ class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
             return self.note(f"{name}: its output is a {type(output).__name__}, not a tensor; not measured")
         self.measure("activations", name, tensor)
 
-
+# %% ../nbs/14a_torch.ipynb #e6ca56ea
 class TorchGradientPanel(TorchTensorPanel, GradientPanel):
     "Panel 3 for PyTorch: the norm of each parameter's gradient and of the gradient at each watched output."
 
@@ -273,7 +277,7 @@ class TorchGradientPanel(TorchTensorPanel, GradientPanel):
         if grad is not None:
             self.measure("act_grads", name, grad, stat=f"{name}:grad_output")
 
-# %% ../nbs/14a_torch.ipynb #38f5496e
+# %% ../nbs/14a_torch.ipynb #a9959b35
 class TorchUnitPanel(UnitPanel):
     "Panel 6 for PyTorch: dead ReLU-like units, saturated Tanh and Sigmoid units, and the histogram of their outputs."
 
@@ -293,7 +297,7 @@ class TorchUnitPanel(UnitPanel):
                              ("below", below), ("above", above)):
             self.record(f"units/{name}/{field}", value)
 
-# %% ../nbs/14a_torch.ipynb #d4aeabaa
+# %% ../nbs/14a_torch.ipynb #aea227fa
 class TorchLossPanel(LossPanel):
     "Panel 1 for PyTorch: the mean loss of each training step, and evaluation losses, as device tensors."
 
@@ -311,7 +315,7 @@ class TorchLossPanel(LossPanel):
     def flush(self, history) -> None:
         Records.flush(self, history)      # each call recorded its point already
 
-# %% ../nbs/14a_torch.ipynb #c5c3ebaa
+# %% ../nbs/14a_torch.ipynb #add5e089
 def group_sums(per_example, groups, count: int) -> tuple:
     "Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors."
     torch = require_torch()
@@ -319,17 +323,17 @@ def group_sums(per_example, groups, count: int) -> tuple:
     sums = values.new_zeros(count).index_add_(0, groups, values)
     return sums, values.new_zeros(count).index_add_(0, groups, torch.ones_like(values))
 
-# %% ../nbs/14a_torch.ipynb #d4b835d1
+# %% ../nbs/14a_torch.ipynb #f7672883
 def group_points(names: tuple, sums: list, counts: list) -> list:
     "At the flush: `per_class/NAME` = the group's mean loss, for each group with members in the step."
     return [(f"per_class/{name}", total / count) for name, total, count in zip(names, sums, counts) if count]
 
-# %% ../nbs/14a_torch.ipynb #5f9fa14b
+# %% ../nbs/14a_torch.ipynb #2ff6102b
 REDUCED_NOTE = ("per-group loss: the loss module reduces each batch to one number (reduction='mean'), so there is no "
                 "loss per example to split; give a loss with reduction='none'")
 UNLABELLED_NOTE = "per-group loss: no groups were given (call inspector.label_batch(groups) before the forward)"
 
-
+# %% ../nbs/14a_torch.ipynb #b645f872
 class TorchGroupLossPanel(PerClassPanel):
     "Panel 7 for PyTorch: the mean loss of each group of examples in a step (`per_class/NAME`), N groups."
 
@@ -355,12 +359,12 @@ class TorchGroupLossPanel(PerClassPanel):
     def flush(self, history) -> None:
         Records.flush(self, history)
 
-# %% ../nbs/14a_torch.ipynb #40f8aea7
+# %% ../nbs/14a_torch.ipynb #c8b604b2
 def ratio_points(key: str, change: float, norm: float) -> list:
     "At the flush: the point ‖Δw‖/‖w‖, NaN where ‖w‖ is 0 or not finite."
     return [(key, change / norm if 0 < norm < math.inf else math.nan)]
 
-
+# %% ../nbs/14a_torch.ipynb #7834ab21
 class TorchUpdatePanel(UpdatePanel):
     "Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from float64 copies, as device tensors."
 
@@ -370,7 +374,7 @@ class TorchUpdatePanel(UpdatePanel):
             self.record(None, Later(finish, (self.ops.change_norm(p, self._before[name]), self._norms[name])))
         self._copied = []
 
-
+# %% ../nbs/14a_torch.ipynb #e287a9e2
 class TorchSpectralPanel(SpectralPanel):
     "Panel 5 for PyTorch: the largest singular value of every parameter of 2 or more dimensions (a conv: (out, in·k·k))."
 
@@ -382,7 +386,7 @@ class TorchSpectralPanel(SpectralPanel):
                     estimator = self._estimators[name] = self.ops.spectral()
                 self.record(f"spectral/{name}/sigma", estimator.estimate(p))
 
-# %% ../nbs/14a_torch.ipynb #b7910790
+# %% ../nbs/14a_torch.ipynb #d945866d
 def torch_panels(stats: dict, bins: int) -> list:
     "The seven built-in panels for PyTorch, under the names, schedules and order of `10_inspect`'s."
     d = DEFAULT_SCHEDULES
@@ -390,7 +394,7 @@ def torch_panels(stats: dict, bins: int) -> list:
             TorchGradientPanel(d["gradients"], stats), TorchUpdatePanel(d["updates"]), TorchSpectralPanel(d["spectral"]),
             TorchUnitPanel(d["units"], bins), TorchGroupLossPanel(d["per_class"])]
 
-# %% ../nbs/14a_torch.ipynb #384d7f45
+# %% ../nbs/14a_torch.ipynb #5b0408f9
 def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
     def hook(module, args, output):
@@ -404,7 +408,7 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         ### END SOLUTION
     return hook
 
-# %% ../nbs/14a_torch.ipynb #e2f522b4
+# %% ../nbs/14a_torch.ipynb #b07d9e35
 def output_grad_hook(inspector, name: str, module) -> Callable:
     "The tensor hook on the output of the module watched as `name`: the gradient arriving there, to the due panels."
     def hook(grad):
@@ -413,7 +417,7 @@ def output_grad_hook(inspector, name: str, module) -> Callable:
         ### END SOLUTION
     return hook
 
-# %% ../nbs/14a_torch.ipynb #c2e9aaca
+# %% ../nbs/14a_torch.ipynb #feb3c247
 def torch_step_hooks(inspector) -> tuple[Callable, Callable]:
     "The optimiser's step pre hook (gradients, copies before the step) and post hook (the step ends)."
     ### BEGIN SOLUTION
@@ -429,7 +433,7 @@ def torch_step_hooks(inspector) -> tuple[Callable, Callable]:
     ### END SOLUTION
     return pre_hook, post_hook
 
-# %% ../nbs/14a_torch.ipynb #6ae1e904
+# %% ../nbs/14a_torch.ipynb #be5629c0
 def missing_hooks(expected: set | None, fired: dict, watched) -> tuple[set, set]:
     "(names expected from now on, names missing at this step), from the hooks that fired (`{name: count}`)."
     ### BEGIN SOLUTION
@@ -439,12 +443,12 @@ def missing_hooks(expected: set | None, fired: dict, watched) -> tuple[set, set]
     return expected | seen, expected - seen
     ### END SOLUTION
 
-# %% ../nbs/14a_torch.ipynb #5f942357
+# %% ../nbs/14a_torch.ipynb #d9007cbc
 def missing_message(missing: int, expected: int, step: int) -> str:
     "The warning for hooks that did not fire."
     return f"{missing} of {expected} forward hooks did not fire at step {step} (the model may be compiled)"
 
-# %% ../nbs/14a_torch.ipynb #65ab75e0
+# %% ../nbs/14a_torch.ipynb #64e46149
 class TorchHandle:
     "A PyTorch hook's `RemovableHandle` with the interface of minitrain's `HookHandle`: `active` and `remove()`."
 
@@ -461,7 +465,7 @@ class TorchHandle:
         self.handle.remove()
         self.removed = True
 
-# %% ../nbs/14a_torch.ipynb #b5304f75
+# %% ../nbs/14a_torch.ipynb #9d2dda0f
 def host_points(entry: tuple, numbers) -> list:
     "The points `(key, step, value)` of one kept `entry`, its device values taken in turn from the iterator `numbers`."
     key, step, value = entry
@@ -469,7 +473,7 @@ def host_points(entry: tuple, numbers) -> list:
         return [(k, step, v) for k, v in value.finish(*(next(numbers) for _ in value.tensors))]
     return [(key, step, next(numbers))]
 
-
+# %% ../nbs/14a_torch.ipynb #35ce48df
 class TorchFlush:
     "The flush of a PyTorch Inspector: every `flush_every` steps, or when asked, one transfer for every kept value."
 
@@ -497,9 +501,9 @@ class TorchFlush:
         self._flush(force=True)
         return super().snapshot()
 
-# %% ../nbs/14a_torch.ipynb #44d54a3d
-class TorchSteps:
-    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off."
+# %% ../nbs/14a_torch.ipynb #b077ba41
+class TorchFired:
+    "Noticing the expected forward hooks that did not fire in a training step."
 
     def _check_fired(self) -> None:
         watched = [n for n, h in self._live.items() if self.kinds.get(n) == "activation" and h.active]
@@ -512,6 +516,10 @@ class TorchSteps:
             if missing != self._warned:
                 warnings.warn(f"{message}: {', '.join(sorted(missing))}", RuntimeWarning, stacklevel=3)
                 self._warned = missing
+
+# %% ../nbs/14a_torch.ipynb #d50f9365
+class TorchSteps(TorchFired):
+    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off."
 
     def _hook_output(self, name: str, module, output) -> None:
         "Hook the gradient at `module`'s output (the tensor, or a tuple's first tensor), for this step only."
@@ -536,7 +544,7 @@ class TorchSteps:
         self._fired, self._expected, self._warned = {}, None, None
         super().reset()
 
-# %% ../nbs/14a_torch.ipynb #d4f8f02f
+# %% ../nbs/14a_torch.ipynb #c1a539bd
 REGRESSION_LOSSES = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "GaussianNLLLoss", "PoissonNLLLoss")
 
 
@@ -547,7 +555,7 @@ def torch_loss_hook(inspector) -> Callable:
         inspector.record_loss(output if per_example is None else output.detach().double().mean(), per_example)
     return hook
 
-# %% ../nbs/14a_torch.ipynb #d005e10c
+# %% ../nbs/14a_torch.ipynb #d5ad0a38
 class TorchModuleHooks:
     "Registering the hooks on a PyTorch model's modules and parameters."
 
@@ -578,9 +586,9 @@ class TorchModuleHooks:
         if name not in self.history.meta["params"]:
             self.history.meta["params"].append(name)
 
-# %% ../nbs/14a_torch.ipynb #4255f0d6
+# %% ../nbs/14a_torch.ipynb #71d9cf4d
 class TorchStepHooks:
-    "Registering the hooks on the loss module and the optimiser; a loss handed over by hand."
+    "Registering the hooks on the loss module and the optimiser."
 
     def register_loss(self, loss_fn) -> TorchHandle:
         "Hand each loss `loss_fn` computes to the loss panels (1 and 7)."
@@ -608,6 +616,10 @@ class TorchStepHooks:
         self._optimizer_hooked = True
         return handles
 
+# %% ../nbs/14a_torch.ipynb #aa9ce611
+class TorchLoss:
+    "A loss handed over by the loss module's hook, or by hand."
+
     def record_loss(self, loss, per_example=None) -> None:
         "Hand a batch loss (a 0-d tensor), and per-example losses if any, to the loss panels; for a loss with no hook."
         labels, self._labels = self._labels, None          # labels serve one batch only
@@ -617,7 +629,7 @@ class TorchStepHooks:
         panels = self._due["on_loss"] if training else self._listeners["on_loss"]
         self._measure(panels, "on_loss", loss, per_example, labels if training else None, training)
 
-# %% ../nbs/14a_torch.ipynb #b08d07ad
+# %% ../nbs/14a_torch.ipynb #0174461b
 class TorchLabels:
     "Group labels for the per-group loss panel."
 
@@ -636,7 +648,7 @@ class TorchLabels:
             self._labels = (torch.tensor(ids, dtype=torch.long), tuple(self._group_ids))
         self._labelled_step = self.step
 
-# %% ../nbs/14a_torch.ipynb #4f7b3828
+# %% ../nbs/14a_torch.ipynb #85d500f2
 def watched_modules(model, names=None) -> list:
     "`(label, module)` pairs to watch: the modules named in `names`, or every leaf module and every MultiheadAttention."
     torch = require_torch()
@@ -649,7 +661,7 @@ def watched_modules(model, names=None) -> list:
     return [(n or type(m).__name__, m) for n, m in modules.items()
             if next(m.children(), None) is None or isinstance(m, torch.nn.MultiheadAttention)]
 
-
+# %% ../nbs/14a_torch.ipynb #520b04dc
 def torch_named_params(model, params) -> list:
     "`params` as `(name, parameter)` pairs, named from `model` (default: all of the model's)."
     torch = require_torch() if params is not None or model is not None else None
@@ -664,7 +676,7 @@ def torch_named_params(model, params) -> list:
         named.append((check_name(name), p))
     return named
 
-# %% ../nbs/14a_torch.ipynb #e7997744
+# %% ../nbs/14a_torch.ipynb #b9349e0d
 class TorchAttach:
     "Attaching to a PyTorch model: checks, then every watched module, parameter, the loss module and the optimiser."
 
@@ -701,7 +713,7 @@ class TorchAttach:
                       "hand each loss to inspector.record_loss(loss)")
         self.register_optimizer(self.optimizer)
 
-# %% ../nbs/14a_torch.ipynb #eb00eb68
+# %% ../nbs/14a_torch.ipynb #636b304e
 class TorchRemoval:
     "Taking the hooks off a PyTorch model: module, loss and optimiser hooks, and the tensor hooks of the current step."
 
@@ -719,7 +731,7 @@ class TorchRemoval:
             self._live.clear()
             self._step_ender, self._optimizer_hooked = None, False
 
-# %% ../nbs/14a_torch.ipynb #2ba6f8aa
+# %% ../nbs/14a_torch.ipynb #780052ee
 def _check_torch_args(model, optimizer, loss_fn) -> None:
     "Refuse, naming it, an argument of the wrong kind."
     if model is not None and not is_torch_module(model):
@@ -730,7 +742,7 @@ def _check_torch_args(model, optimizer, loss_fn) -> None:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be an nn.Module or a function, got {type(loss_fn).__name__}")
 
-# %% ../nbs/14a_torch.ipynb #2d891115
+# %% ../nbs/14a_torch.ipynb #69362ec0
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "minitrain-inspect torch inspector", 1
 
 
@@ -749,7 +761,7 @@ def history_from_text(text: str) -> History:
         path.write_text(text, encoding="utf-8")
         return History.load_jsonl(path)
 
-# %% ../nbs/14a_torch.ipynb #f1c209aa
+# %% ../nbs/14a_torch.ipynb #69b84c73
 _CHECKPOINT_KEYS = {"format": str, "version": int, "step": int, "history": str, "schedules": dict, "strides": dict,
                     "stats": dict, "kinds": dict, "spectral": dict, "expected_hooks": (list, type(None)), "groups": list}
 
@@ -766,9 +778,9 @@ def check_checkpoint(state) -> dict:
             raise ValueError(f"checkpoint key {key!r} is missing or is not a {kind}: {type(state.get(key)).__name__}")
     return state
 
-# %% ../nbs/14a_torch.ipynb #161fc171
-class TorchCheckpoint:
-    "Saving and restoring what a resumed run needs to continue one history."
+# %% ../nbs/14a_torch.ipynb #7512c58a
+class TorchCheckpointSave:
+    "Saving what a resumed run needs to continue one history."
 
     def state_dict(self) -> dict:
         "A JSON-ready checkpoint: step, history, schedules and strides, statistics, power-iteration vectors, hooks learned."
@@ -779,6 +791,10 @@ class TorchCheckpoint:
                 "strides": {p.name: p.stride for p in self.panels}, "stats": {name: dict(state) for name, state in self.stats.items()},
                 "kinds": dict(self.kinds), "spectral": dict(zip(vectors, to_host(list(vectors.values())))),
                 "expected_hooks": None if self._expected is None else sorted(self._expected), "groups": list(self._group_ids)}
+
+# %% ../nbs/14a_torch.ipynb #48b114d0
+class TorchCheckpoint(TorchCheckpointSave):
+    "Restoring a checkpoint: the history, schedules, statistics, vectors and hooks learned, and the step."
 
     def load_state_dict(self, state: dict) -> None:
         "Continue from a checkpoint of `state_dict()`: the next step recorded is the checkpoint's step."
@@ -806,7 +822,7 @@ class TorchCheckpoint:
                 estimator = estimators.setdefault(name, self.ops.spectral())
                 estimator._v = torch.tensor(v, dtype=torch.float64, device=params[name].device)
 
-# %% ../nbs/14a_torch.ipynb #95e1ef68
+# %% ../nbs/14a_torch.ipynb #dc4ba2a6
 class ScalerHandle:
     "Removes the Inspector's wrapper from a GradScaler's `step` (an attribute of that one object)."
 
@@ -818,7 +834,7 @@ class ScalerHandle:
             self.scaler.__dict__.pop("step", None)
             self.active = False
 
-# %% ../nbs/14a_torch.ipynb #32f28738
+# %% ../nbs/14a_torch.ipynb #1754ffb6
 class TorchScaler:
     "Skipped steps of a `GradScaler`: recorded, not counted as updates."
 
@@ -846,9 +862,9 @@ class TorchScaler:
         if isinstance(self._by_name.get("loss"), TorchLossPanel):
             self._by_name["loss"]._running = (None, 0.0, 0)     # the retry's loss alone is the step's loss
 
-# %% ../nbs/14a_torch.ipynb #c452657a
-class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchModuleHooks, TorchLabels,
-                     TorchCheckpoint, TorchScaler, Inspector):
+# %% ../nbs/14a_torch.ipynb #0a0af07f
+class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchLoss, TorchModuleHooks,
+                     TorchLabels, TorchCheckpoint, TorchScaler, Inspector):
     "The Inspector for a `torch.nn.Module` and a `torch.optim` optimiser: PyTorch hooks, device statistics, batched flushes."
 
     def __init__(self, model=None, params=None, *, optimizer=None, loss_fn=None, modules=None, flush_every: int = 10,
@@ -864,10 +880,10 @@ class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchSte
         self.params, self._params_given = torch_named_params(model, params), params is not None
         self.reset()
 
-# %% ../nbs/14a_torch.ipynb #3557aebe
+# %% ../nbs/14a_torch.ipynb #8bc0638a
 register_adapter("torch", is_torch_module, TorchInspector)
 
-# %% ../nbs/14a_torch.ipynb #075808cc
+# %% ../nbs/14a_torch.ipynb #60d02076
 class InspectorWatcher:
     "The Inspector as a watcher of `13_overhead`'s `TorchRun`: `attach`, the loop's report of the losses, `remove`."
 
@@ -888,19 +904,19 @@ class InspectorWatcher:
     def remove(self) -> None:
         self.inspector.remove_all()
 
-# %% ../nbs/14a_torch.ipynb #75ee3566
+# %% ../nbs/14a_torch.ipynb #f39f0898
 INSPECTOR_WATCHERS = {"inspector": {}, "inspector_every_step": {"schedules": EVERY_STEP}, "inspector_disabled": {"enabled": False}}
 TORCH_BENCH_VARIANTS = {"torch": None, "torch_hooks": "fastai", "torch_full": "full",
                         **{name: name for name in INSPECTOR_WATCHERS}}
 
-
+# %% ../nbs/14a_torch.ipynb #72dd48af
 class InspectedTorchRun(TorchRun):
     "`13_overhead`'s PyTorch run, with the Inspector's variants among its watchers."
 
     WATCHERS = {**TorchRun.WATCHERS, **{name: functools.partial(InspectorWatcher, **options)
                                         for name, options in INSPECTOR_WATCHERS.items()}}
 
-# %% ../nbs/14a_torch.ipynb #664aec5d
+# %% ../nbs/14a_torch.ipynb #7588503b
 def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> dict:
     "Per variant the ms/step of each repeat, interleaved; raises if any run ends with other parameters than the rest."
     times = {v: [] for v in TORCH_BENCH_VARIANTS}
@@ -914,7 +930,7 @@ def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> d
             times[v].append(ms[v])
     return times
 
-# %% ../nbs/14a_torch.ipynb #6fa2acaf
+# %% ../nbs/14a_torch.ipynb #df24d27d
 def torch_overhead(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3, seed: int = 0,
                    threads: int = 1, block: int = 20) -> dict:
     "The Inspector's overhead on the PyTorch twin of the reference model, by width: {width: {torch_ms, variant: spread}}."
@@ -928,7 +944,7 @@ def torch_overhead(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), w
                           **{v: _spread(_paired(times, v, "torch")) for v in TORCH_BENCH_VARIANTS if v != "torch"}}
     return out
 
-# %% ../nbs/14a_torch.ipynb #8f429cde
+# %% ../nbs/14a_torch.ipynb #c0aae7d4
 TORCH_BENCH_LABELS = {"torch_hooks": "fastai-style hooks", "torch_full": "naive full set",
                       "inspector": "Inspector, default schedules", "inspector_every_step": "Inspector, every panel every step",
                       "inspector_disabled": "Inspector, disabled"}
@@ -945,7 +961,7 @@ def torch_overhead_table(result: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
-# %% ../nbs/14a_torch.ipynb #f9e56bdf
+# %% ../nbs/14a_torch.ipynb #d46e1bb1
 def draw_update_ratios(ax, history: History) -> None:
     "log10 of ‖Δw‖/‖w‖ per weight matrix over the steps, with the 1e-3 line."
     for key in history.keys("updates/"):
@@ -958,7 +974,7 @@ def draw_update_ratios(ax, history: History) -> None:
     ax.set(title="update / data ratio", xlabel="step", ylabel="log10 ‖Δw‖ / ‖w‖")
     ax.legend(fontsize=7)
 
-# %% ../nbs/14a_torch.ipynb #b648f3dc
+# %% ../nbs/14a_torch.ipynb #fdda1f56
 def stuck_field(history: History, name: str) -> str:
     "'saturated' or 'dead': which unit-health series a layer has."
     return "saturated" if history.get(f"units/{name}/saturated")[0].size else "dead"
@@ -977,7 +993,7 @@ def draw_last_histograms(ax, history: History) -> None:
     ax.set(title="activation histograms (last step)", xlabel="output", ylabel="share of outputs")
     ax.legend(fontsize=7)
 
-# %% ../nbs/14a_torch.ipynb #b20f3808
+# %% ../nbs/14a_torch.ipynb #4b9e6c0c
 def draw_stuck_units(ax, history: History) -> None:
     "The share of dead (ReLU-like) or saturated (tanh, sigmoid) units per layer over the steps."
     for name in history.meta.get("histogram", {}):
