@@ -830,6 +830,7 @@ class ScalerHandle:
         self.scaler, self.active = scaler, True
 
     def remove(self) -> None:
+        "Give the scaler its own `step` back; again does nothing."
         if self.active:
             self.scaler.__dict__.pop("step", None)
             self.active = False
@@ -891,6 +892,7 @@ class InspectorWatcher:
         self.options, self.inspector = options, None
 
     def attach(self, model, optimizer) -> "InspectorWatcher":
+        "Build the Inspector on `model` and `optimizer`, and attach it; returns self."
         self.inspector = Inspector(model, optimizer=optimizer, **self.options).attach()
         return self
 
@@ -902,6 +904,7 @@ class InspectorWatcher:
         self.inspector.record_loss(per_example.mean(), per_example)
 
     def remove(self) -> None:
+        "Take the Inspector's hooks off (flushing first)."
         self.inspector.remove_all()
 
 # %% ../nbs/14a_torch.ipynb #f39f0898
