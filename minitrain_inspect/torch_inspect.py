@@ -328,10 +328,10 @@ def group_points(names: tuple, sums: list, counts: list) -> list:
     "At the flush: `per_class/NAME` = the group's mean loss, for each group with members in the step."
     return [(f"per_class/{name}", total / count) for name, total, count in zip(names, sums, counts) if count]
 
-# %% ../nbs/14a_torch.ipynb #2ff6102b
-REDUCED_NOTE = ("per-group loss: the loss module reduces each batch to one number (reduction='mean'), so there is no "
+# %% ../nbs/14a_torch.ipynb #82d94b34
+REDUCED_NOTE = ("per-class loss, by group: the loss module reduces each batch to one number (reduction='mean'), so there is no "
                 "loss per example to split; give a loss with reduction='none'")
-UNLABELLED_NOTE = "per-group loss: no groups were given (call inspector.label_batch(groups) before the forward)"
+UNLABELLED_NOTE = "per-class loss, by group: no groups were given (call inspector.label_batch(groups) before the forward)"
 
 # %% ../nbs/14a_torch.ipynb #b645f872
 class TorchGroupLossPanel(PerClassPanel):
