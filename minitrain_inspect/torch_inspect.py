@@ -507,7 +507,12 @@ class TorchFired:
 
     def _check_fired(self) -> None:
         watched = [n for n, h in self._live.items() if self.kinds.get(n) == "activation" and h.active]
+        first = self._expected is None
         self._expected, missing = missing_hooks(self._expected, self._fired, watched)
+        silent = sorted(set(watched) - self._expected) if first and self._expected else []
+        if silent:
+            self.note(f"activations: {', '.join(silent)} not called as modules at step {self.step} (used as functions "
+                      "by a parent?): not expected to fire")
         if missing:
             message = missing_message(len(missing), len(self._expected) or len(watched), self.step)
             self.history.record("hooks/missing", self.step, float(len(missing)))

@@ -156,6 +156,7 @@ def test_transformer_packed_in_proj_is_one_matrix():
         run(model, opt, insp.loss_fn, batches(2))
     assert insp.history.keys("spectral/attn.in_proj_weight/")
     assert insp.history.keys("activations/attn/")           # the attention module is watched as a whole
+    assert any("attn.out_proj not called as modules" in n for n in insp.history.meta["notes"])   # learned, not warned
 
 
 # ---------------------------------------------------------------- observing changes nothing
@@ -452,3 +453,43 @@ def test_live_tensors_stay_flat():
     run(model, opt, loss_fn, data * 400, insp, label=True)
     assert live() <= after_100 + 5, (after_100, live())       # 400 more steps: nothing accumulates
     insp.remove_all()
+
+
+# ---------------------------------------------------------------- the rest of the Inspector works unchanged
+def test_budget_guard_thins_the_torch_panels():
+    model, opt = build("cnn")
+    loss_fn = nn.CrossEntropyLoss()
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, budget=0.01, budget_window=5).attach() as insp:
+        run(model, opt, loss_fn, batches(40))
+    assert insp.throttled, "a 1% budget must thin panels that measure every step"
+    assert insp.history.get("loss/train")[0].tolist() == list(range(40))       # the loss is never thinned
+
+
+def test_gradient_accumulation_and_reattach():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach()
+    data = batches(4)
+    for k in range(2):
+        opt.zero_grad()
+        for xb, yb in data[2 * k:2 * k + 2]:            # two backward passes per step
+            loss_fn(model(xb), yb).backward()
+        expected = model[0].weight.grad.double().norm().item()
+        opt.step()
+    assert insp.step == 2
+    insp.flush()                                          # the history is written at flushes (every 10 steps by default)
+    assert abs(insp.history.get("gradients/0.weight/l2")[1][-1] - expected) <= 1e-12 * expected   # the summed gradient
+    assert insp.snapshot()["0"]["tensors"] == 4
+    insp.remove_all(); insp.remove_all()                  # twice: nothing left, nothing raised
+    insp.attach()                                         # again on the same model: it goes on counting
+    run(model, opt, loss_fn, batches(1))
+    assert insp.step == 3 and insp.snapshot()["0"]["tensors"] == 5
+    insp.remove_all()
+
+
+def test_a_minitrain_model_still_gets_the_plain_inspector():
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.layers import Linear
+    assert type(Inspector(Sequential(fc=Linear(2, 2)))) is Inspector
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        Inspector(mlp(), optimizer=object())
