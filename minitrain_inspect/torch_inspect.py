@@ -28,8 +28,8 @@ from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'REGRESSION_LOSSES',
-           'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
+__all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'RECOMPUTED_NOTE',
+           'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
            'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'moments_row',
            'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
            'as_matrix', 'TorchSpectralNorm', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points',
@@ -37,11 +37,12 @@ __all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNL
            'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel',
            'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
            'missing_hooks', 'missing_message', 'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
-           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules',
-           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
-           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
-           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
-           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -549,15 +550,33 @@ class TorchSteps(TorchFired):
         self._fired, self._expected, self._warned = {}, None, None
         super().reset()
 
-# %% ../nbs/14a_torch.ipynb #c1a539bd
+# %% ../nbs/14a_torch.ipynb #56749fae
+RECOMPUTED_NOTE = ("per-class loss, by group: per-example losses recomputed from the logits and targets of the "
+                   "CrossEntropyLoss (F.cross_entropy, reduction='none'), since the loss module reduces them")
 REGRESSION_LOSSES = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "GaussianNLLLoss", "PoissonNLLLoss")
 
 
+def recomputed_per_example(module, args):
+    "Per-example losses of a `CrossEntropyLoss` that reduces them, recomputed from its logits and targets; else None."
+    torch = require_torch()
+    if type(module).__name__ != "CrossEntropyLoss" or len(args) < 2:
+        return None
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(args[0].detach(), args[1], weight=module.weight, reduction="none",
+                                                 ignore_index=module.ignore_index, label_smoothing=module.label_smoothing)
+
+
 def torch_loss_hook(inspector) -> Callable:
-    "The loss module's forward hook: a 0-d output is the batch loss; a larger one holds the per-example losses."
+    "The loss module's forward hook: the batch loss, and per-example losses (its own, or recomputed when groups are due)."
     def hook(module, args, output):
-        per_example = output if output.dim() > 0 else None
-        inspector.record_loss(output if per_example is None else output.detach().double().mean(), per_example)
+        if output.dim() > 0:                      # reduction='none': the per-example losses themselves
+            return inspector.record_loss(output.detach().double().mean(), output)
+        groups = inspector._by_name.get("per_class")
+        wanted = inspector._labels is not None and groups is not None and groups.active and inspector._enabled
+        per_example = recomputed_per_example(module, args) if wanted else None
+        if per_example is not None:
+            inspector.note(RECOMPUTED_NOTE)
+        inspector.record_loss(output, per_example)
     return hook
 
 # %% ../nbs/14a_torch.ipynb #d5ad0a38

@@ -493,3 +493,18 @@ def test_a_minitrain_model_still_gets_the_plain_inspector():
     assert type(Inspector(Sequential(fc=Linear(2, 2)))) is Inspector
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
         Inspector(mlp(), optimizer=object())
+
+
+def test_per_group_loss_from_logits_and_targets_of_a_reducing_cross_entropy():
+    def per_class(loss_fn):
+        model, opt = build("mlp")
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            run(model, opt, loss_fn, batches(3), insp, label=True)
+        return insp.history
+    none, mean = per_class(nn.CrossEntropyLoss(reduction="none")), per_class(nn.CrossEntropyLoss())
+    assert mean.keys("per_class/") and sorted(mean.keys("per_class/")) == sorted(none.keys("per_class/"))
+    for key in none.keys("per_class/"):
+        np.testing.assert_allclose(mean.get(key)[1], none.get(key)[1], rtol=1e-6)
+    assert any("recomputed from the logits" in n for n in mean.meta["notes"])
+    reduced = per_class(nn.MultiMarginLoss())
+    assert not reduced.keys("per_class/") and any("reduction='none'" in n for n in reduced.meta["notes"])
