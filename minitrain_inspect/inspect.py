@@ -980,11 +980,18 @@ def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
     return named
 
 # %% ../nbs/10_inspect.ipynb #dc5b7d63
+def _adapter_hint(value) -> str:
+    "A hint for an object of a framework whose adapter was not imported (its module registers it: `ADAPTERS` below)."
+    framework = type(value).__module__.split(".")[0]
+    return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)" \
+        if framework == "torch" else ""
+
+
 def _check_kinds(model, optimizer, loss_fn, clock, flags: dict, schedules) -> None:
     "Refuse, naming it, an argument of the wrong kind."
     for label, value, kind in (("model", model, Module), ("optimizer", optimizer, Optimizer), ("loss_fn", loss_fn, Module)):
         if value is not None and not isinstance(value, kind):
-            raise TypeError(f"{label} must be a {kind.__name__}, got {type(value).__name__}")
+            raise TypeError(f"{label} must be a {kind.__name__}, got {type(value).__name__}" + _adapter_hint(value))
     if not callable(clock):
         raise TypeError(f"clock must be callable, got {type(clock).__name__}")
     for label, flag in flags.items():
