@@ -24,15 +24,15 @@ from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, 
 _all_ = ["HookHandle", "welford_update"]
 
 # %% auto #0
-__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 'check_name', 'NumpyNorms', 'NumpyOps',
-           'Measures', 'Records', 'Panel', 'TensorPanel', 'ActivationPanel', 'GradientPanel', 'UnitPanel', 'LossPanel',
-           'unlabelled_note', 'PerClassPanel', 'UpdatePanel', 'SpectralPanel', 'WeightNormPanel', 'GuardRecords',
-           'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview', 'GuardThinning', 'BudgetGuard',
+__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 'ADAPTERS', 'check_name', 'NumpyNorms',
+           'NumpyOps', 'Measures', 'Records', 'Panel', 'TensorPanel', 'ActivationPanel', 'GradientPanel', 'UnitPanel',
+           'LossPanel', 'unlabelled_note', 'PerClassPanel', 'UpdatePanel', 'SpectralPanel', 'WeightNormPanel',
+           'GuardRecords', 'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview', 'GuardThinning', 'BudgetGuard',
            'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords', 'InspectorRemoval',
            'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks', 'InspectorHooks',
            'InspectorAttach', 'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels', 'InspectorRun', 'Inspector',
-           'forward_hook', 'param_hook', 'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle',
-           'welford_update']
+           'register_adapter', 'find_adapter', 'forward_hook', 'param_hook', 'grad_output_hook', 'loss_hook',
+           'optimizer_hooks', 'HookHandle', 'welford_update']
 
 # %% ../nbs/10_inspect.ipynb #49f29731
 PANELS = ("loss", "activations", "gradients", "updates", "spectral", "units", "per_class")   # the built-in seven
@@ -980,11 +980,18 @@ def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
     return named
 
 # %% ../nbs/10_inspect.ipynb #dc5b7d63
+def _adapter_hint(value) -> str:
+    "A hint for an object of a framework whose adapter was not imported (its module registers it: `ADAPTERS` below)."
+    framework = type(value).__module__.split(".")[0]
+    return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)" \
+        if framework == "torch" else ""
+
+
 def _check_kinds(model, optimizer, loss_fn, clock, flags: dict, schedules) -> None:
     "Refuse, naming it, an argument of the wrong kind."
     for label, value, kind in (("model", model, Module), ("optimizer", optimizer, Optimizer), ("loss_fn", loss_fn, Module)):
         if value is not None and not isinstance(value, kind):
-            raise TypeError(f"{label} must be a {kind.__name__}, got {type(value).__name__}")
+            raise TypeError(f"{label} must be a {kind.__name__}, got {type(value).__name__}" + _adapter_hint(value))
     if not callable(clock):
         raise TypeError(f"clock must be callable, got {type(clock).__name__}")
     for label, flag in flags.items():
@@ -1030,6 +1037,15 @@ class Inspector(InspectorRun, InspectorUndo, InspectorHooks, InspectorReset, Ins
                 InspectorReading, InspectorStepEnd):
     "Hooks on a model, its loss and its optimiser that hand arrays to panels of per-layer statistics, on schedules."
 
+    def __new__(cls, model=None, *args, **kwargs):
+        # A model of another framework gets the Inspector its adapter registered (`ADAPTERS`), a subclass of this one.
+        adapter = find_adapter(model)
+        if adapter is None or issubclass(cls, adapter):
+            return super().__new__(cls)
+        if cls is not Inspector:
+            raise TypeError(f"{cls.__name__} cannot watch a {type(model).__name__}: subclass {adapter.__name__} instead")
+        return super().__new__(adapter)
+
     def __init__(self, model: Module | None = None, params=None, *, optimizer: Optimizer | None = None,
                  loss_fn: Module | None = None, schedules: dict | None = None, enabled: bool = True,
                  budget: float | None = None, max_points: int = 512, histogram_bins: int = 40,
@@ -1053,6 +1069,30 @@ class Inspector(InspectorRun, InspectorUndo, InspectorHooks, InspectorReset, Ins
         self._update_params: list[tuple[str, Parameter]] = []   # the parameters the optimiser updates
         self.max_stride = 2**20
         self.reset()
+
+# %% ../nbs/10_inspect.ipynb #4ac86a5f
+ADAPTERS: dict[str, tuple[Callable[[object], bool], type]] = {}   # framework -> (claims(model), Inspector subclass)
+
+
+def register_adapter(framework: str, claims: Callable[[object], bool], inspector_class: type) -> None:
+    "Make `Inspector(model, ...)` build `inspector_class` (a subclass of `Inspector`) for every model `claims(model)` accepts."
+    if not isinstance(framework, str) or not framework:
+        raise TypeError(f"an adapter's framework is a non-empty str, got {framework!r}")
+    if not callable(claims):
+        raise TypeError(f"claims must be callable, got {type(claims).__name__}")
+    if not (isinstance(inspector_class, type) and issubclass(inspector_class, Inspector)):
+        raise TypeError(f"inspector_class must be a subclass of Inspector, got {inspector_class!r}")
+    ADAPTERS[framework] = (claims, inspector_class)     # the same name again replaces it: a re-import adds nothing
+
+
+def find_adapter(model) -> type | None:
+    "The Inspector subclass registered for `model`'s framework, or None (a minitrain model, or no model)."
+    if model is None or isinstance(model, Module):
+        return None
+    for claims, inspector_class in ADAPTERS.values():
+        if claims(model):
+            return inspector_class
+    return None
 
 # %% ../nbs/10_inspect.ipynb #7598f921
 def forward_hook(inspector, name: str) -> Callable:

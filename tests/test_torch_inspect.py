@@ -1,0 +1,510 @@
+"""The Inspector on PyTorch models (14a_torch): panels, hygiene, bit-identical training, no host sync between flushes,
+and hooks that did not fire."""
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minitrain_inspect.inspect import EVERY_STEP, PANELS, Inspector
+from minitrain_inspect.stats import fold_moments, new_state, summarize
+from minitrain_inspect.torch_inspect import TORCH_SUM_ERROR, TorchInspector, host_moments, moments_row, to_host
+
+N_STEPS = 5
+torch.set_num_threads(1)      # 2 shared cores: more threads only contend (conventions: one thread at the reference size)
+
+
+# ---------------------------------------------------------------- models
+class Residual(nn.Module):
+    "A residual block that calls one Linear twice."
+    def __init__(self):
+        super().__init__()
+        self.inp, self.shared, self.act, self.head = nn.Linear(6, 8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.act(self.inp(x))
+        h = h + self.act(self.shared(h))
+        h = h + self.act(self.shared(h))       # the same module again
+        return self.head(h)
+
+
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.act, self.head = nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.act(self.body(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d=8, heads=2, classes=3):
+        super().__init__()
+        self.embed = nn.Linear(6, d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 16), nn.ReLU(), nn.Linear(16, d))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):                       # x: (N, 6) -> a sequence of 4 tokens per example
+        h = self.embed(x).unsqueeze(1).expand(-1, 4, -1)
+        a, _ = self.attn(h, h, h)
+        h = self.norm1(h + a)
+        h = self.norm2(h + self.ff(h))
+        return self.head(h.mean(dim=1))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.act = nn.ReLU(inplace=True)
+        self.head = nn.Linear(4 * 3 * 2, 3)
+
+    def forward(self, x):                       # x: (N, 6) -> a 1-channel 3 x 2 image
+        return self.head(self.act(self.bn(self.conv(x.view(-1, 1, 3, 2)))).flatten(1))
+
+
+MODELS = {"mlp": mlp, "cnn": CNN, "residual": Residual, "frozen": Frozen, "transformer": TransformerBlock}
+
+
+def batches(n=N_STEPS, size=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, 6, generator=g, dtype=dtype), torch.randint(0, 3, (size,), generator=g)) for _ in range(n)]
+
+
+def build(kind, dtype=torch.float32, opt="sgd", seed=0):
+    torch.manual_seed(seed)
+    model = MODELS[kind]().to(dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    make = {"sgd": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+            "adam": lambda: torch.optim.Adam(params, lr=1e-2),
+            "adamw": lambda: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)}[opt]
+    return model, make()
+
+
+def run(model, opt, loss_fn, data, inspector=None, label=False):
+    for xb, yb in data:
+        opt.zero_grad()
+        if label and inspector is not None:
+            inspector.label_batch(yb, names=["a", "b", "c"])
+        loss = loss_fn(model(xb), yb)
+        (loss.mean() if loss.dim() else loss).backward()
+        opt.step()
+
+
+# ---------------------------------------------------------------- every panel, every model
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_every_panel_at_every_step(kind, tmp_path):
+    model, opt = build(kind)
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no hook-fired warning on any of these models (transformer included)
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            run(model, opt, loss_fn, batches(), insp, label=True)
+    assert isinstance(insp, TorchInspector) and insp.step == N_STEPS
+    h, steps = insp.history, list(range(N_STEPS))
+    for prefix in ("loss", "activations", "act_grads", "gradients", "updates", "spectral", "units", "per_class"):
+        keys = h.keys(prefix + "/")
+        assert keys, f"{kind}: nothing recorded by {prefix}"
+        for key in keys:
+            if not key.endswith("/nonfinite") and prefix != "per_class":      # a group may be absent from a batch
+                assert h.get(key)[0].tolist() == steps, (kind, key, h.get(key)[0])
+    assert sorted({s for k in h.keys("per_class/") for s in h.get(k)[0].tolist()}) == steps
+    assert "hooks/missing" not in h.series
+    from minitrain_inspect.dashboard import save_dashboard
+    assert save_dashboard(h, tmp_path / "run.png").stat().st_size > 0
+    h.save_jsonl(tmp_path / "run.jsonl")
+    assert type(h).load_jsonl(tmp_path / "run.jsonl").keys() == h.keys()
+
+
+def test_frozen_parameters_have_no_update_ratio():
+    model, opt = build("frozen")
+    with Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss(), schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, insp.loss_fn, batches())
+    assert not insp.history.keys("updates/body") and not insp.history.keys("gradients/body")
+    assert insp.history.keys("updates/head.weight")
+    assert any("body.weight" in n and "frozen" in n for n in insp.history.meta["notes"])
+
+
+def test_conv_spectral_norm_is_that_of_its_matrix():
+    model, opt = build("cnn")
+    with Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss(), schedules={"spectral": 1}).attach() as insp:
+        run(model, opt, insp.loss_fn, batches(3))
+    estimator = insp.panel("spectral")._estimators["conv.weight"]
+    for _ in range(2000):                       # the running estimate, continued on the final weights, converges
+        sigma = estimator.estimate(model.conv.weight).item()
+    exact = np.linalg.svd(model.conv.weight.detach().double().reshape(4, -1).numpy(), compute_uv=False)[0]
+    assert abs(sigma - exact) <= 1e-9 * exact, (sigma, exact)
+
+
+def test_transformer_packed_in_proj_is_one_matrix():
+    model, opt = build("transformer")
+    with Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss(), schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, insp.loss_fn, batches(2))
+    assert insp.history.keys("spectral/attn.in_proj_weight/")
+    assert insp.history.keys("activations/attn/")           # the attention module is watched as a whole
+    assert any("attn.out_proj not called as modules" in n for n in insp.history.meta["notes"])   # learned, not warned
+
+
+# ---------------------------------------------------------------- observing changes nothing
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["cnn", "transformer"])
+def test_training_is_bit_identical(opt_name, dtype, kind):
+    def final(watch):
+        model, opt = build(kind, dtype, opt_name)
+        loss_fn = nn.CrossEntropyLoss()
+        data = batches(6, dtype=dtype)
+        if watch:
+            with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, flush_every=4).attach():
+                run(model, opt, loss_fn, data)
+        else:
+            run(model, opt, loss_fn, data)
+        return [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+    for a, b in zip(final(True), final(False)):
+        assert torch.equal(a, b), "the Inspector changed the training"
+
+
+# ---------------------------------------------------------------- hygiene
+def hook_count(model, opt, loss_fn):
+    modules = list(model.modules()) + [loss_fn]
+    total = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in modules)
+    total += sum(len(p._backward_hooks or {}) for p in model.parameters())
+    return total + len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
+
+
+def test_hooks_removed_even_after_an_exception_in_forward():
+    model, opt = build("cnn")
+    loss_fn = nn.CrossEntropyLoss()
+    out = None
+    with pytest.raises(RuntimeError, match="boom"):
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            run(model, opt, loss_fn, batches(2))
+            out = model.conv(batches(1)[0][0].view(-1, 1, 3, 2))   # an output with a tensor hook on it
+            assert out._backward_hooks
+            model.bn.register_forward_pre_hook(lambda m, a: (_ for _ in ()).throw(RuntimeError("boom")))
+            model(batches(1)[0][0])
+    model.bn._forward_pre_hooks.clear()
+    assert hook_count(model, opt, loss_fn) == 0 and insp.handles == []
+    assert not out._backward_hooks, "a tensor hook outlived the Inspector"
+    assert insp.history.get("loss/train")[0].tolist() == [0, 1]     # what was measured was flushed
+
+
+def test_two_inspectors_on_one_model_are_independent():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    a = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach()
+    b = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"activations": 2}).attach()
+    run(model, opt, loss_fn, batches(2))
+    b.enabled = False
+    run(model, opt, loss_fn, batches(2, seed=1))
+    assert a.snapshot()["0"]["tensors"] == 4 and b.snapshot()["0"]["tensors"] == 1
+    assert a.step == b.step == 4
+    a.remove_all()
+    assert hook_count(model, opt, loss_fn) > 0            # b's hooks stay
+    b.remove_all()
+    assert hook_count(model, opt, loss_fn) == 0
+
+
+def test_no_graph_or_activation_kept_past_the_step():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, flush_every=1000).attach()
+    run(model, opt, loss_fn, batches(3))
+    kept = [v for p in insp.panels for _, _, v in p.pending]
+    kept = [x for v in kept for x in (v.tensors if hasattr(v, "tensors") else (v,))]
+    assert kept and all(t.dim() <= 1 and t.grad_fn is None and not t.requires_grad for t in kept)
+    assert insp._tensor_handles == []
+    insp.remove_all()
+
+
+# ---------------------------------------------------------------- no host sync between flushes
+HOST_FUNCTIONS = {"item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool__", "__index__", "__complex__"}
+
+
+class HostCalls(TorchFunctionMode):
+    "Counts the ways a tensor's value can reach the host: on CPU these dispatch no copy, so a dispatch mode misses them."
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and any(str(a) == "cpu" or getattr(a, "type", None) == "cpu"
+                                       for a in (*args[1:], *kwargs.values()))
+        if name in HOST_FUNCTIONS or to_host:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+class ScalarReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted_steps(kind, opt_name, inspector_args):
+    model, opt = build(kind, opt=opt_name)
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    data = batches(22)
+    insp = None
+    if inspector_args is not None:
+        insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, **inspector_args).attach()
+    run(model, opt, loss_fn, data[:2], insp, label=True)                 # warm up (first step learns the hooks)
+    with HostCalls() as calls, ScalarReads() as reads:
+        run(model, opt, loss_fn, data[2:], insp, label=True)             # 20 steps
+    if insp is not None:
+        insp.remove_all()
+    return calls.count, reads.count
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_no_host_sync_between_flushes(opt_name):
+    plain = counted_steps("cnn", opt_name, None)
+    watched = counted_steps("cnn", opt_name, {"schedules": EVERY_STEP, "flush_every": 1000})
+    assert watched == plain, f"the Inspector added host syncs: {watched} against {plain} unobserved"
+    if opt_name == "adamw":
+        assert plain[0] > 0        # AdamW's default step reads its step count on the host: the comparison sees it
+
+
+def test_flushes_are_one_transfer_each():
+    plain = counted_steps("mlp", "sgd", None)
+    watched = counted_steps("mlp", "sgd", {"schedules": EVERY_STEP, "flush_every": 10})
+    assert watched[0] - plain[0] == 2, (watched, plain)   # steps 9 and 19 of the 20 counted (2..21): one tolist each
+
+
+# ---------------------------------------------------------------- statistics: float64, exact to the stated bound
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_moments_against_exact_sums(dtype):
+    rng = np.random.default_rng(1)
+    data = torch.from_numpy(rng.standard_normal(5000) * 3 + 40).to(dtype)
+    values = [float(v) for v in data.double()]
+    n = len(values)
+    mean = math.fsum(values) / n
+    m2 = math.fsum((v - mean) ** 2 for v in values)
+    state = new_state()
+    for part in (data[:1234], data[1234:]):
+        fold_moments(state, host_moments(to_host([moments_row(part)])[0]))
+    s = summarize(state)
+    scale = math.fsum(abs(v) for v in values) / n
+    assert abs(s["mean"] - mean) <= 2 * TORCH_SUM_ERROR(n) * scale
+    kappa = 1 + mean ** 2 / (m2 / n)
+    assert abs(s["var"] * (n - 1) - m2) <= 1e-10 * kappa * m2     # the issue's rule, M2 within 1e-10 kappa
+    assert (s["min"], s["max"]) == (min(values), max(values))
+
+
+def test_nonfinite_counted_only_where_present():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(3)
+    data[1][0][0, 0] = float("nan")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, loss_fn, data)
+    steps, counts = insp.history.get("activations/0/nonfinite")
+    assert steps.tolist() and 1 in steps.tolist() and 0 not in steps.tolist()
+
+
+# ---------------------------------------------------------------- hooks that do not fire
+def test_bypassed_module_is_warned_about():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(3)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn).attach() as insp:
+        run(model, opt, loss_fn, data[:1])
+        with pytest.warns(RuntimeWarning, match=r"1 of 5 forward hooks did not fire at step 1"):
+            opt.zero_grad()
+            h = nn.functional.linear(data[1][0], model[0].weight, model[0].bias)    # module 0 called as a function
+            loss_fn(model[1:](h), data[1][1]).backward()
+            opt.step()
+    assert insp.history.get("hooks/missing")[0].tolist() == [1]
+    assert any("did not fire" in n for n in insp.history.meta["notes"])
+
+
+def test_compiled_model_is_warned_about():
+    # PyTorch 2.13: an instance compiled after an unhooked instance of the same class reuses its graph, skipping hooks.
+    loss_fn = nn.CrossEntropyLoss()
+    unhooked, _ = build("mlp", seed=1)
+    torch.compile(unhooked, backend="aot_eager")(batches(1)[0][0])
+    model, opt = build("mlp")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn).attach() as insp:
+        compiled = torch.compile(model, backend="aot_eager")
+        with pytest.warns(RuntimeWarning, match=r"5 of 5 forward hooks did not fire at step 0 \(the model may be compiled\)"):
+            run(compiled, opt, loss_fn, batches(2))
+    assert insp.step == 2 and insp.history.get("loss/train")[0].tolist() == [0, 1]   # steps and loss still recorded
+    assert any("may be compiled" in n for n in insp.history.meta["notes"])
+
+
+# ---------------------------------------------------------------- checkpoints
+def test_a_resumed_run_continues_one_history():
+    import json
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    data = batches(8)
+    model, opt = build("cnn", opt="adam")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"activations": 3, "spectral": 2}).attach() as whole:
+        run(model, opt, loss_fn, data, whole, label=True)
+
+    model, opt = build("cnn", opt="adam")
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"activations": 3, "spectral": 2}).attach() as first:
+        run(model, opt, loss_fn, data[:5], first, label=True)
+        saved = json.loads(json.dumps({"inspector": first.state_dict(), "model": None}))["inspector"]   # plain JSON
+        weights, moments = model.state_dict(), opt.state_dict()
+    model2, opt2 = build("cnn", opt="adam", seed=7)
+    model2.load_state_dict(weights); opt2.load_state_dict(moments)
+    with Inspector(model2, optimizer=opt2, loss_fn=loss_fn).attach() as resumed:
+        resumed.load_state_dict(saved)
+        assert resumed.step == 5 and resumed.schedules["activations"].to_spec() == "every 3"
+        run(model2, opt2, loss_fn, data[5:], resumed, label=True)
+    assert resumed.step == 8
+    for key in whole.history.keys():
+        a, b = whole.history.get(key), resumed.history.get(key)
+        assert a[0].tolist() == b[0].tolist(), key
+        np.testing.assert_allclose(b[1], a[1], rtol=1e-12, err_msg=key)
+    assert resumed.snapshot()["conv"]["tensors"] == whole.snapshot()["conv"]["tensors"]
+
+
+def test_a_bad_checkpoint_is_refused():
+    model, opt = build("mlp")
+    insp = Inspector(model, optimizer=opt).attach()
+    with pytest.raises(ValueError, match="not an Inspector checkpoint"):
+        insp.load_state_dict({"format": "something else"})
+    good = insp.state_dict()
+    with pytest.raises(ValueError, match="'history'"):
+        insp.load_state_dict({**good, "history": 3})
+    with pytest.raises(ValueError, match="line 1"):
+        insp.load_state_dict({**good, "history": "not json\n"})
+    insp.remove_all()
+
+
+# ---------------------------------------------------------------- mixed precision
+def test_autocast_bfloat16_statistics_in_float64():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    seen = []
+    model[0].register_forward_hook(lambda m, a, o: seen.append(o.detach().clone()))
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        for xb, yb in batches(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+    assert seen[-1].dtype == torch.bfloat16
+    values = [float(v) for v in seen[-1].double().reshape(-1)]
+    exact = math.fsum(values) / len(values)
+    assert abs(insp.history.get("activations/0/mean")[1][-1] - exact) <= 2 * TORCH_SUM_ERROR(len(values)) * max(map(abs, values))
+    model._forward_hooks.clear()
+
+
+def test_a_step_skipped_by_the_grad_scaler_is_recorded_as_skipped():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    data = batches(4)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        insp.register_scaler(scaler)
+        seen = []
+        for i, (xb, yb) in enumerate(data):
+            opt.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            seen.append(loss.item())
+            scaler.scale(loss * (math.inf if i == 1 else 1.0)).backward()     # batch 1: inf gradients
+            scaler.step(opt)
+            scaler.update()
+    assert insp.step == 3, "the skipped batch must not count as a step"
+    assert insp.history.get("steps/skipped")[0].tolist() == [1]
+    steps, losses = insp.history.get("loss/train")
+    assert steps.tolist() == [0, 1, 2]
+    assert losses.tolist() == pytest.approx([seen[0], seen[2], seen[3]], rel=1e-6)   # the retry's loss, alone
+    assert "step" not in vars(scaler), "the scaler's wrapper outlived the Inspector"
+
+
+# ---------------------------------------------------------------- memory
+def test_live_tensors_stay_flat():
+    import gc
+    model, opt = build("cnn", opt="adamw")
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    data = batches(1)
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, flush_every=50).attach()
+
+    def live():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))   # type(): no __class__ lookups
+    run(model, opt, loss_fn, data * 100, insp, label=True)
+    after_100 = live()
+    run(model, opt, loss_fn, data * 400, insp, label=True)
+    assert live() <= after_100 + 5, (after_100, live())       # 400 more steps: nothing accumulates
+    insp.remove_all()
+
+
+# ---------------------------------------------------------------- the rest of the Inspector works unchanged
+def test_budget_guard_thins_the_torch_panels():
+    model, opt = build("cnn")
+    loss_fn = nn.CrossEntropyLoss()
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP, budget=0.01, budget_window=5).attach() as insp:
+        run(model, opt, loss_fn, batches(40))
+    assert insp.throttled, "a 1% budget must thin panels that measure every step"
+    assert insp.history.get("loss/train")[0].tolist() == list(range(40))       # the loss is never thinned
+
+
+def test_gradient_accumulation_and_reattach():
+    model, opt = build("mlp")
+    loss_fn = nn.CrossEntropyLoss()
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach()
+    data = batches(4)
+    for k in range(2):
+        opt.zero_grad()
+        for xb, yb in data[2 * k:2 * k + 2]:            # two backward passes per step
+            loss_fn(model(xb), yb).backward()
+        expected = model[0].weight.grad.double().norm().item()
+        opt.step()
+    assert insp.step == 2
+    insp.flush()                                          # the history is written at flushes (every 10 steps by default)
+    assert abs(insp.history.get("gradients/0.weight/l2")[1][-1] - expected) <= 1e-12 * expected   # the summed gradient
+    assert insp.snapshot()["0"]["tensors"] == 4
+    insp.remove_all(); insp.remove_all()                  # twice: nothing left, nothing raised
+    insp.attach()                                         # again on the same model: it goes on counting
+    run(model, opt, loss_fn, batches(1))
+    assert insp.step == 3 and insp.snapshot()["0"]["tensors"] == 5
+    insp.remove_all()
+
+
+def test_a_minitrain_model_still_gets_the_plain_inspector():
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.layers import Linear
+    assert type(Inspector(Sequential(fc=Linear(2, 2)))) is Inspector
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        Inspector(mlp(), optimizer=object())
+
+
+def test_per_group_loss_from_logits_and_targets_of_a_reducing_cross_entropy():
+    def per_class(loss_fn):
+        model, opt = build("mlp")
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            run(model, opt, loss_fn, batches(3), insp, label=True)
+        return insp.history
+    none, mean = per_class(nn.CrossEntropyLoss(reduction="none")), per_class(nn.CrossEntropyLoss())
+    assert mean.keys("per_class/") and sorted(mean.keys("per_class/")) == sorted(none.keys("per_class/"))
+    for key in none.keys("per_class/"):
+        np.testing.assert_allclose(mean.get(key)[1], none.get(key)[1], rtol=1e-6)
+    assert any("recomputed from the logits" in n for n in mean.meta["notes"])
+    reduced = per_class(nn.MultiMarginLoss())
+    assert not reduced.keys("per_class/") and any("reduction='none'" in n for n in reduced.meta["notes"])
