@@ -299,7 +299,7 @@ def train_summary(result) -> dict:
     if diagnoser is not None and diagnoser.reports:
         out["diagnosis"] = {k: v for k, v in diagnoser.summary().items() if k != "reports"}
     if result.inspector is not None:
-        out["snapshot"] = result.inspector.snapshot()
+        out["snapshot"] = result.inspector.snapshot(strict=True)      # NaN and +-inf told apart, as in the history
     return to_jsonable(out)
 
 # %% ../nbs/18_cli.ipynb #2ca53db4
@@ -488,8 +488,24 @@ def _run_export(args) -> int:
 
 
 def _run_overhead(args) -> int:
+    if args.framework == "torch":
+        return _run_torch_overhead(args)
     from minitrain_inspect.overhead import overhead_command
     return overhead_command(args)       # 13_overhead: runs the benchmark, prints the note or JSON, returns the status
+
+
+def _run_torch_overhead(args) -> int:
+    "`overhead --framework torch`: the Inspector on the PyTorch twin (14a_torch), by width."
+    from minitrain_inspect.overhead import _settings
+    from minitrain_inspect.twin import INSTALL_HINT, torch_available
+    if not torch_available():
+        raise ValueError(f"overhead --framework torch needs PyTorch, which is not installed: {INSTALL_HINT}")
+    from minitrain_inspect.torch_inspect import torch_overhead, torch_overhead_table
+    s = _settings(args)
+    result = torch_overhead(steps=s["steps"], repeats=s["repeats"], widths=s["widths"], width_repeats=s["scaling_repeats"],
+                            threads=_positive("blas-threads", args.blas_threads))
+    print(json.dumps({str(k): v for k, v in result.items()}) if args.json else torch_overhead_table(result))
+    return 0
 
 # %% ../nbs/18_cli.ipynb #62b9d526
 def _course(args) -> Path | None:

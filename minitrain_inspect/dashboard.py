@@ -23,14 +23,15 @@ from .panels import History
 from .stats import atomic_output
 
 # %% auto #0
-__all__ = ['MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'LOSS_NAMES', 'UNIT_FIELDS', 'UNIT_LEGEND',
-           'CHECKED', 'NOT_DIAGNOSED', 'HOW_TO_DIAGNOSE', 'NONFINITE_SERIES', 'STUCK_WORDS', 'MAX_SUMMARY_LAYERS',
-           'SUMMARY_WIDTH', 'PANEL_PREFIXES', 'moving_average', 'corner_note', 'first_curves', 'keep_drawable',
-           'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'loss_name', 'draw_loss', 'output_layers',
-           'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral', 'draw_unit_health', 'draw_histogram',
-           'draw_per_class', 'diagnosis_of', 'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired',
-           'nonfinite_lines', 'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key',
-           'render_dashboard', 'save_dashboard']
+__all__ = ['MESSAGE_WIDTH', 'MAX_CURVES', 'MAX_HISTOGRAMS', 'DRAWABLE', 'HIDDEN_TYPES', 'SPARSE', 'LOSS_NAMES', 'UNIT_FIELDS',
+           'UNIT_LEGEND', 'GROUP_COLOURS', 'CHECKED', 'NOT_DIAGNOSED', 'HOW_TO_DIAGNOSE', 'NONFINITE_SERIES',
+           'STUCK_WORDS', 'MAX_SUMMARY_LAYERS', 'SUMMARY_WIDTH', 'PANEL_PREFIXES', 'moving_average', 'corner_note',
+           'first_curves', 'keep_drawable', 'param_layer', 'LayerStyle', 'sparse_note', 'plot_per_layer', 'loss_name',
+           'draw_loss', 'output_layers', 'draw_activations', 'draw_gradients', 'draw_updates', 'draw_spectral',
+           'draw_unit_health', 'draw_histogram', 'other_groups', 'group_label', 'draw_per_class', 'diagnosis_of',
+           'fired_steps', 'run_length', 'verdict_lines', 'draw_verdict', 'mark_fired', 'nonfinite_lines',
+           'summary_lines', 'draw_summary', 'extra_panels', 'draw_extra', 'draw_key', 'render_dashboard',
+           'save_dashboard']
 
 # %% ../nbs/11_dashboard.ipynb #a4e00c06
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -50,9 +51,13 @@ def _short(name: str) -> str:
     return name.split(".", 1)[1] if name.startswith("mlp.") else name
 
 
+MESSAGE_WIDTH = 60     # characters per line of a panel's message: what fits in half the figure at 11 points
+
+
 def _message(ax, text: str) -> None:
     "Say in the panel why it holds no curve, rather than leaving it blank."
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.3", fontsize=11, wrap=True)
+    text = "\n".join(textwrap.fill(part, MESSAGE_WIDTH) for part in text.split("\n"))     # a panel is half the figure
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.3", fontsize=11)
     ax.set_yticks([])
 
 
@@ -427,17 +432,33 @@ def _per_class_note(history: History) -> str:
     notes = [n for n in history.meta.get("notes", []) if "per-class" in n or "verb labels" in n]
     return notes[0] if notes else "per-class loss: not recorded (the run gave no verb labels)"
 
+# %% ../nbs/11_dashboard.ipynb #c990e343
+GROUP_COLOURS = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+
+
+def other_groups(history: History) -> tuple:
+    """The groups of panel 7 besides the verbs' two classes (a PyTorch run's per-group loss has N groups), with their
+    colours: at most `MAX_CURVES - 2` of them, in name order."""
+    names = sorted({k.split("/", 1)[1] for k in history.series if k.startswith("per_class/")} - {"regular", "irregular"})
+    return tuple((name, GROUP_COLOURS[i % len(GROUP_COLOURS)]) for i, name in enumerate(names[:MAX_CURVES - 2]))
+
+
+def group_label(name: str) -> str:
+    "A group's legend label: `regular verbs`, `irregular verbs`, or the group's own name."
+    return f"{name} verbs" if name in ("regular", "irregular") else name
+
 # %% ../nbs/11_dashboard.ipynb #c20c1e54
 def draw_per_class(ax, history: History, last_step: int) -> None:
-    "Panel 7: the mean loss of the regular and of the irregular verbs in each batch; or why there is none."
+    """Panel 7: the mean loss of the regular and of the irregular verbs in each batch (and of any other group a
+    run recorded); or why there is none."""
     drawn = False
     ### BEGIN SOLUTION
-    for cls, colour in (("regular", "tab:green"), ("irregular", "tab:red")):
+    for cls, colour in (("regular", "tab:green"), ("irregular", "tab:red")) + other_groups(history):
         steps, loss = history.get(f"per_class/{cls}")
         if steps.size:
             drawn = True
             ax.plot(steps, loss, color=colour, alpha=0.25, lw=0.8)
-            ax.plot(steps, moving_average(loss, 25), color=colour, lw=1.8, label=f"{cls} verbs (moving average of 25)")
+            ax.plot(steps, moving_average(loss, 25), color=colour, lw=1.8, label=f"{group_label(cls)} (moving average of 25)")
     if not drawn:
         _message(ax, _per_class_note(history))
     ### END SOLUTION

@@ -15,7 +15,7 @@ import numpy as np
 from .core import HookHandle, Module, Parameter
 from .layers import ReLU, Tanh
 from .optim import Optimizer
-from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, unit_summary
+from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, to_strict_json, unit_summary
 from .per_class_loss import class_masks
 from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, sum_of_squares, summarize,
                                     welford_update)
@@ -652,8 +652,12 @@ class InspectorRecords:
         "Record now what the panels measured so far in this step (the end of each step does it anyway)."
         self._flush()
 
-    def snapshot(self) -> dict:
-        "A JSON-ready copy of every statistic: `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
+    def snapshot(self, strict: bool = False) -> dict:
+        """A JSON-ready copy of every statistic: `{name: {kind, n, mean, var, std, min, max, l2, ...}}`. NaN and
+        +-inf become null, unless `strict`: then they are kept told apart (`{"$float": "NaN"}`, as the history)."""
+        if strict:
+            return to_strict_json({name: {"kind": self.kinds[name], **summarize(state, jsonable=False)}
+                                   for name, state in self.stats.items()})
         return {name: {"kind": self.kinds[name], **summarize(state)} for name, state in self.stats.items()}
 
 # %% ../nbs/10_inspect.ipynb #5717120c

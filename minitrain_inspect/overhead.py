@@ -907,6 +907,9 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     _size_arguments(parser)
     parser.add_argument("--against", choices=["torch"], default=None,
                         help="also run the PyTorch twin: plain, with fastai-style hooks, and computing the full set")
+    parser.add_argument("--framework", choices=["minitrain", "torch"], default="minitrain",
+                        help="torch: the Inspector itself on the PyTorch twin (14a_torch), against PyTorch with no hooks, "
+                             "fastai-style hooks and the naive full set, by width")
     parser.add_argument("--quick", action="store_true", help="a small, fast measurement (a smoke test, not a figure)")
     parser.add_argument("--blas-threads", type=int, default=1, metavar="N",
                         help="BLAS threads, and PyTorch threads (default 1: reproducible, and fastest here)")

@@ -497,16 +497,17 @@ def to_jsonable(obj, depth: int = MAX_JSON_DEPTH):
     raise TypeError(f"cannot convert {type(obj).__name__} to JSON")
 
 # %% ../nbs/08_stats.ipynb #476741db
-def summarize(state: dict) -> dict:
+def summarize(state: dict, jsonable: bool = True) -> dict:
     """JSON-ready view of a state: n, mean, var, std (ddof=1), min, max, l2, l2_mean, tensors, nonfinite, nan, inf,
-    and `saturated`, the comma-separated fields whose true value exceeds float64 (reported as FLOAT64_MAX)."""
+    and `saturated`, the comma-separated fields whose true value exceeds float64 (reported as FLOAT64_MAX).
+    `jsonable=False` keeps the floats as they are (NaN for an empty mean, say), for a writer that encodes them."""
     s = _complete(dict(state))
     tm = _moments_of(s)
     out = {"n": tm.n, "mean": tm.mean if tm.n else math.nan, "var": tm.var, "std": tm.std, "min": s["min"],
            "max": s["max"], "l2": s["l2"], "l2_mean": s["l2_mean"] if s["l2_tensors"] else math.nan,
            "tensors": s["tensors"], "nonfinite": s["nonfinite"], "nan": s["nan"], "inf": s["nonfinite"] - s["nan"]}
     out["saturated"] = ",".join(k for k in ("var", "std", "l2", "l2_mean") if abs(out[k]) == FLOAT64_MAX)
-    return to_jsonable(out)
+    return to_jsonable(out) if jsonable else out
 
 # %% ../nbs/08_stats.ipynb #df21b88d
 def _check_target(path) -> Path:

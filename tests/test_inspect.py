@@ -832,3 +832,16 @@ def test_a_users_panel_is_thinned_by_the_guard_like_the_others():
         clock.advance(0.01)
         guard.end_step(step, panels)
     assert mine.stride > 1 and guard.throttled[0]["panel"] == "grad_to_weight", guard.throttled
+
+
+def test_a_strict_snapshot_tells_nan_from_inf_and_reads_back(small_net, batch):
+    "Issue 24 §3: snapshot(strict=True) keeps NaN and +-inf told apart in strict JSON, as the history does."
+    from minitrain_inspect.panels import from_strict_json
+    inspector = Inspector(small_net).attach()
+    small_net(np.full_like(batch, np.nan))
+    inspector.flush()
+    strict = inspector.snapshot(strict=True)
+    text = json.dumps(strict, allow_nan=False)
+    assert strict["fc1"]["mean"] == {"$float": "NaN"}
+    back = from_strict_json(json.loads(text))
+    assert math.isnan(back["fc1"]["mean"]) and back["fc1"]["nonfinite"] == 40

@@ -62,12 +62,18 @@ def test_readme_python_runs_verbatim(number, tmp_path, monkeypatch, capsys):
     "Each ```python block of the README, executed as it stands, in a fresh namespace and an empty folder."
     monkeypatch.chdir(tmp_path)
     source = PYTHON_BLOCKS[number]
+    if "import torch" in source:
+        pytest.importorskip("torch", reason="this block needs the optional torch extra")
     exec(compile(source, f"README.md python block {number + 1}", "exec"), {"__name__": "__readme__"})
     printed = capsys.readouterr().out
     assert printed.strip(), f"block {number + 1} should print something a reader can compare with"
     if ".attach(model, opt, loss_fn," in source:
         # The plain loop diagnosed: the verdict, and the same verdict in the Inspector's history (the banner).
         assert printed.startswith("trustworthy HEALTHY: no check fired"), printed
+    elif "import torch" in source:
+        # The PyTorch model watched: every one of the 100 steps flushed into the history, and the dashboard written.
+        assert printed.startswith("100 steps watched, loss "), printed
+        assert (tmp_path / "torch-run.png").read_bytes()[:4] == b"\x89PNG"
     elif "Inspector(model, optimizer=opt, loss_fn=loss_fn)" in source:
         # The plain loop: every step counted from the optimiser, 96 steps, 0..95, and the dashboard written.
         assert printed.startswith("steps 0..95"), printed
