@@ -103,9 +103,22 @@ def _graded_cells_of(nb, points=1000):
             "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
+WRONG_ANSWER = """
+import numpy as np
+class SoftmaxCrossEntropy:          # runs, and is wrong: only a tampered check could pass it
+    def __call__(self, logits, targets):
+        self.shape = np.shape(logits)
+        class Out: pass
+        out = Out()
+        out.per_example_loss = np.zeros(np.shape(targets)[:1], np.float32)
+        out.loss = 0.0
+        return out
+    def backward(self, grad_output=1.0):
+        return np.zeros(self.shape)
+"""
 TARGETS = "[sys.argv, [str(p) for p in __import__('pathlib').Path('/tmp').glob('minitrain-grade-*/*')]]"
 ATTACKS = {
-    "forged records on argv paths and every descriptor": f"""
+    "forged records on argv paths and every descriptor": WRONG_ANSWER + f"""
 import os, sys, json
 for group in {TARGETS}:
     for path in group:
@@ -116,15 +129,15 @@ for fd in range(3, 256):
         try: os.write(fd, f'{{seq}}\\t{{seq}}\\tok\\t\\t00\\n'.encode() + json.dumps({{"index": seq, "ok": True}}).encode() + b'\\n')
         except OSError: break
 """,
-    "builtins.exec and compile patched": "import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: compile('pass', '', 'exec')",
-    "builtins.AssertionError patched": "import builtins\nclass Quiet(Exception): pass\nbuiltins.AssertionError = Quiet",
-    "the notebook's __builtins__ replaced": "__builtins__ = dict(vars(__import__('builtins')), AssertionError=KeyError)",
-    "the helper rebound in the notebook": "test_close = lambda *a, **k: None\ntest_eq = lambda *a, **k: None",
-    "the helper patched on its module": "import fastcore.test\nfastcore.test.test_close = lambda *a, **k: None",
-    "a helper's helper patched": "import fastcore.test\nfastcore.test.is_close = lambda *a, **k: True",
-    "numpy patched": "import numpy\nnumpy.allclose = lambda *a, **k: True\nnumpy.isclose = lambda *a, **k: True",
-    "the helper's code replaced": "import fastcore.test\nfastcore.test.test_close.__code__ = (lambda *a, **k: None).__code__",
-    "the helper's defaults widened": "import fastcore.test\nfastcore.test.test_close.__defaults__ = (1e300,)",
+    "builtins.exec and compile patched": WRONG_ANSWER + "import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: compile('pass', '', 'exec')",
+    "builtins.AssertionError patched": WRONG_ANSWER + "import builtins\nclass Quiet(Exception): pass\nbuiltins.AssertionError = Quiet",
+    "the notebook's __builtins__ replaced": WRONG_ANSWER + "__builtins__ = dict(vars(__import__('builtins')), AssertionError=KeyError)",
+    "the helper rebound in the notebook": WRONG_ANSWER + "test_close = lambda *a, **k: None\ntest_eq = lambda *a, **k: None",
+    "the helper patched on its module": WRONG_ANSWER + "import fastcore.test\nfastcore.test.test_close = lambda *a, **k: None\nfrom fastcore.test import test_close",
+    "a helper's helper patched": WRONG_ANSWER + "import fastcore.test\nfastcore.test.is_close = lambda *a, **k: True",
+    "numpy patched": WRONG_ANSWER + "import numpy\nnumpy.allclose = lambda *a, **k: True\nnumpy.isclose = lambda *a, **k: True",
+    "the helper's code replaced": WRONG_ANSWER + "import fastcore.test\nfastcore.test.test_close.__code__ = (lambda *a, **k: None).__code__",
+    "the helper's defaults widened": WRONG_ANSWER + "import fastcore.test\nfastcore.test.test_close.__defaults__ = (1e300,)",
     "tampering from inside the student's function": """
 import numpy as np, fastcore.test
 class SoftmaxCrossEntropy:
@@ -154,14 +167,14 @@ for path in [pathlib.Path({str(NBS / (STEM + '.ipynb'))!r})]:
         if cell['cell_type'] == 'code' and 'class SoftmaxCrossEntropy' in ''.join(cell['source']):
             exec(''.join(l for l in cell['source'] if not l.startswith('#|')))
 """,
-    "frames of the harness written": """
+    "frames of the harness written": WRONG_ANSWER + """
 import sys
 f = sys._getframe(0)
 while f.f_back is not None: f = f.f_back
 f.f_locals['status'] = 'ok'
 for frame in sys._current_frames().values(): pass
 """,
-    "the interpreter's objects searched": "import gc\nfor o in gc.get_objects(): pass",
+    "the interpreter's objects searched": WRONG_ANSWER + "import gc\nfor o in gc.get_objects(): pass",
     "sitecustomize planted for the next hand-in": f"""
 import site, sys, os
 for folder in [*sys.path, *site.getsitepackages(), {str(reference_root())!r}, {str(ROOT)!r}, os.path.expanduser('~')]:
