@@ -176,7 +176,22 @@ def test_no_graded_cell_ends_with_a_value_and_no_cell_times_out(course):
     values = [line for line in log.splitlines() if "cannot be converted to" in line]
     assert not values, "graded cells whose last line gives a value nbgrader reads as a score:\n" + "\n".join(
         v[:300] for v in values)
-    assert "Timeout waiting for execute reply" not in log, "a cell ran into nbgrader's time limit (a slow cell?)"
+    # nbgrader's own errors (not those of kernels the notebooks start): a cell past the time limit, a dead kernel
+    errors = [line for line in log.splitlines() if line.startswith("[AutogradeApp | ERROR]")]
+    assert not errors, "nbgrader's errors (a slow cell that does not skip itself?):\n" + "\n".join(errors[:20])
+
+
+def test_nbgrader_saw_the_edited_test_and_put_the_instructors_back(course):
+    warnings = {student: [line for line in course["logs"][f"autograde {student}"].splitlines()
+                          if line.startswith("[AutogradeApp | WARNING]")] for student in STUDENTS}
+    assert warnings["alice"] == []
+    assert len(warnings["bob"]) == 1 and f"cell {LEFT_STUBBED[1]}-tests has changed" in warnings["bob"][0], warnings
+    autograded = course["dir"] / "autograded" / "bob" / ASSIGNMENT / f"{LEFT_STUBBED[0]}.ipynb"
+    cells = {c["metadata"].get("nbgrader", {}).get("grade_id"): cell_source(c)
+             for c in json.loads(autograded.read_text(encoding="utf-8"))["cells"]}
+    instructor = {c["metadata"].get("nbgrader", {}).get("grade_id"): cell_source(c)
+                  for c in read_notebook(NBS / f"{LEFT_STUBBED[0]}.ipynb")["cells"]}
+    assert cells[f"{LEFT_STUBBED[1]}-tests"] == instructor[f"{LEFT_STUBBED[1]}-tests"]
 
 
 def test_no_hypothesis_database_in_the_course(course):
