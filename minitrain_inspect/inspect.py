@@ -84,7 +84,8 @@ class NumpyNorms:
             return self.norm(np.subtract(after, before, dtype=np.float64))
         change = self._scratch(before.size).reshape(before.shape)   # the same bits, without a mixed-dtype subtraction
         np.copyto(change, after)
-        np.subtract(change, before, out=change)
+        with np.errstate(invalid="ignore"):                      # inf - inf is NaN: norm() reports no norm
+            np.subtract(change, before, out=change)
         return self.norm(change)
 
     def _scratch(self, size: int) -> np.ndarray:
