@@ -67,6 +67,10 @@ def build_view():
                 mount(f"/proc/self/fd/{held[kept]}", kept, None, BIND | REC)
         mount(None, hidden, None, REMOUNT | RDONLY | NOSUID | NODEV)
     mount("tmpfs", "/tmp", "tmpfs", NOSUID | NODEV, f"size={plan['limits']['tmp_bytes']},mode=1777")
+    for kept in plan["keep"]:                             # a Python installed under /tmp (a CI checkout, say)
+        if kept.startswith("/tmp/") and kept in held:
+            os.makedirs(kept, exist_ok=True)
+            mount(f"/proc/self/fd/{held[kept]}", kept, None, BIND | REC)
     os.mkdir("/tmp/work")
     mount(f"/proc/self/fd/{held[plan['work']]}", "/tmp/work", None, BIND)
     for source, inside in plan["readonly"]:
