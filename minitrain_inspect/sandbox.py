@@ -71,11 +71,13 @@ def build_view():
         if kept.startswith("/tmp/") and kept in held:
             os.makedirs(kept, exist_ok=True)
             mount(f"/proc/self/fd/{held[kept]}", kept, None, BIND | REC)
+            mount(None, kept, None, REMOUNT | BIND | RDONLY)
     os.mkdir("/tmp/work")
     mount(f"/proc/self/fd/{held[plan['work']]}", "/tmp/work", None, BIND)
     for source, inside in plan["readonly"]:
         os.makedirs(inside, exist_ok=True)
         mount(f"/proc/self/fd/{held[source]}", inside, None, BIND | REC)
+        mount(None, inside, None, REMOUNT | BIND | RDONLY)
     os.mkdir("/tmp/home")
     for data, dst in copies:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -88,7 +90,7 @@ def build_view():
     writable = {"/tmp", "/tmp/work", "/dev/shm", "/proc"}
     for line in open("/proc/self/mountinfo"):
         point = line.split()[4].replace("\\040", " ")
-        if point in writable or point.startswith("/proc/") or not os.path.isdir(point):
+        if point in writable or point.startswith(("/proc/", "/tmp/")) or not os.path.isdir(point):   # /tmp: done above
             continue
         kept = os.statvfs(point).f_flag & (NOSUID | NODEV | 8)
         try:
