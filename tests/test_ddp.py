@@ -152,6 +152,10 @@ def test_one_history_from_rank_zero(tmp_path):
     mean = history.get("loss/train")[1]
     assert lo.size == mean.size == 12 and (lo <= mean).all() and (mean <= hi).all() and (lo < hi).any()
     assert any(n.startswith("ranks: 2 workers; rank ") for n in history.meta["notes"])
+    # the histogram of the ReLU layer, summed over ranks: every seen output falls in a bin, below or above
+    hist, below, above = (history.get(f"units/1/{f}")[1] for f in ("histogram", "below", "above"))
+    assert hist.shape[0] > 0
+    np.testing.assert_allclose(hist.sum(axis=1) + below + above, 1.0, rtol=0, atol=1e-12)
     # every rank holds the same merged loss
     assert results[0]["loss"] == results[1]["loss"]
     # local norms, one series per rank, differ from the averaged gradient's norm, which is at most their mean
