@@ -190,3 +190,36 @@ def test_ranks_of_very_different_speeds_agree():
     "A slow rank (its steps 20x longer) and a fast one flush and merge in step: same history, no deadlock."
     results = ok(run({"world": 2, "batch": [8, 8], "steps": 25, "flush_every": 5, "sleep": [1, 0.02]}))
     assert results[0]["loss"] == results[1]["loss"] and results[0]["flushes"] == results[1]["flushes"]
+
+
+# ---------------------------------------------------------------- properties of the merge, and the command
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=6).filter(lambda s: sum(s) >= 2),
+       st.sampled_from([0.0, 1e8, -7.5e5]), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_any_split_merges_to_the_union(sizes, offset, seed):
+    "However the data is split across ranks (empty ranks included), the merge equals the union's exact statistics."
+    shards = [shard_values(seed, r, 0, n, offset) for r, n in enumerate(sizes)]
+    union = np.concatenate(shards)
+    mean, var, kappa = exact_stats(union)
+    merged = merge_rows([residual_row(torch.from_numpy(s)).tolist() for s in shards])
+    assert merged.n == union.size
+    assert rel(merged.var, var) <= 1e-12 * kappa
+    single = host_moments(moments_row(torch.from_numpy(union)).tolist())
+    assert rel(merged.var, var) <= rel(single.var, var) + 4 * 2.0 ** -53
+
+
+def test_ddp_demo_command(tmp_path, capsys):
+    "ddp-demo --world 2 writes one dashboard of the whole run and prints merged and per-rank figures; bad flags: one line."
+    from minitrain_inspect.ddp import ddp_demo_main
+    assert ddp_demo_main(["--world", "2", "--steps", "12", "--batch", "8", "24", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 ranks on 127.0.0.1" in out and "per rank rank 0 " in out and "rank 1 " in out and "merge cost" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dashboard.png", "history.jsonl", "snapshot.json"]
+    for argv, words in ((["--world", "0"], "--world"), (["--world", "2", "--batch", "1", "2", "3"], "--batch"),
+                        (["--world", "2", "--nan-at", "5", "1"], "--nan-at")):
+        assert ddp_demo_main(argv + ["--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1
