@@ -33,11 +33,12 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DEMO_SPEC',
            'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'unit_counts', 'unit_points',
            'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts', 'merged_points',
-           'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'DDPUnpack', 'stop_reason', 'DDPStop',
-           'DDPMerge', 'local_grad_hook', 'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure',
-           'read_failures', 'is_collective_error', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
-           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
-           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+           'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums', 'gathered_finish',
+           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
+           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
+           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
+           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
+           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
@@ -131,7 +132,7 @@ class DDPUnitPanel(TorchUnitPanel):
         finish = functools.partial(unit_points, name, self.FIELD_NAMES[kind], self.bins)
         self.record(None, Later(finish, (unit_counts(tensor, kind, self.bins),)))
 
-# %% ../nbs/14b_ddp.ipynb #4cf7d1b6
+# %% ../nbs/14b_ddp.ipynb #a973c753
 SHARDED = ("activations", "act_grads")     # statistics of each rank's own examples: merged across ranks
 SUMMED = (group_points, unit_points)      # finish functions whose inputs are sums and counts: all_reduce(SUM)
 
@@ -147,13 +148,13 @@ def kept_kind(key, value) -> str:
         return "loss"
     return "local"
 
-
+# %% ../nbs/14b_ddp.ipynb #4cf7d1b6
 def sort_kept(panels) -> list:
     "`(panel, index, kind)` for every value the panels kept that is merged (all but 'local'), in the panels' order."
     return [(panel, i, kind) for panel in panels for i, (key, _, value) in enumerate(panel.pending)
             if (kind := kept_kind(key, value)) != "local"]
 
-# %% ../nbs/14b_ddp.ipynb #ec95614a
+# %% ../nbs/14b_ddp.ipynb #16facd59
 HEADER = 2   # signature of the layout, stop flag; then each panel's stride wanted by the budget guard, its overhead
 
 
@@ -161,7 +162,7 @@ def layout_signature(names: list) -> float:
     "A CRC-32 of the pack's layout (`names`: one string per part), as a float64 that every rank compares."
     return float(zlib.crc32("|".join(names).encode("utf-8")))
 
-
+# %% ../nbs/14b_ddp.ipynb #ec95614a
 def check_layouts(headers: list) -> None:
     "Raise RuntimeError naming the ranks whose layout signature differs from rank 0's (`headers`: one per rank)."
     differ = [r for r, h in enumerate(headers) if h[0] != headers[0][0]]
@@ -169,19 +170,19 @@ def check_layouts(headers: list) -> None:
         raise RuntimeError(f"ranks {differ} packed a different layout from rank 0 at this flush (a schedule or a thinning "
                            "that differs between ranks?): every decision that changes what is gathered must be collective")
 
-# %% ../nbs/14b_ddp.ipynb #2993555c
+# %% ../nbs/14b_ddp.ipynb #7f9626f5
 def merged_points(state: dict, keys: list, nonfinite_key: str, tm: TensorMoments) -> list:
     "At the flush: fold the merged moments `tm` into `state`; the points of its fields, and of its non-finite count if any."
     fold_moments(state, tm)
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
 
-
+# %% ../nbs/14b_ddp.ipynb #1089c2f2
 def fixed_points(points: list) -> list:
     "Points already on the host, as a `Later.finish` that needs no device value."
     return points
 
-
+# %% ../nbs/14b_ddp.ipynb #2993555c
 def loss_points(key: str, losses: list) -> list:
     "The loss over ranks at one step (`losses`, one per rank): the mean (DDP weighs ranks equally), and its per-rank spread."
     finite = [v for v in losses if math.isfinite(v)]
@@ -191,13 +192,13 @@ def loss_points(key: str, losses: list) -> list:
     return [(key, mean), (f"ranks/{name}/min", min(finite, default=math.nan)),
             (f"ranks/{name}/max", max(finite, default=math.nan)), (f"ranks/{name}/worst_rank", float(worst))]
 
-# %% ../nbs/14b_ddp.ipynb #2d3fcd42
+# %% ../nbs/14b_ddp.ipynb #b7cbb486
 def _comm_tensor(packed, group=None):
     "`packed` where the backend can read it: the CPU for gloo, the tensor's own device otherwise."
     import torch.distributed as dist
     return packed.cpu() if dist.get_backend(group) == "gloo" else packed
 
-
+# %% ../nbs/14b_ddp.ipynb #391e165b
 def gather_rows(packed, collective: bool = True, group=None) -> list:
     "Every rank's `packed` float64 vector, as host lists in rank order: one `all_gather` (only `packed` itself if not `collective`)."
     torch = require_torch()
@@ -209,7 +210,7 @@ def gather_rows(packed, collective: bool = True, group=None) -> list:
     dist.all_gather(out, packed, group=group)
     return torch.stack(out).tolist()
 
-
+# %% ../nbs/14b_ddp.ipynb #2d3fcd42
 def sum_across(summed, collective: bool = True, group=None) -> list:
     "The sum over ranks of the float64 vector `summed`, as a host list: one `all_reduce(SUM)` (the local values if not `collective`)."
     if collective and summed.numel():
@@ -218,7 +219,7 @@ def sum_across(summed, collective: bool = True, group=None) -> list:
         dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
     return summed.tolist()
 
-# %% ../nbs/14b_ddp.ipynb #1b8efc9d
+# %% ../nbs/14b_ddp.ipynb #c03b0d1f
 def _numel(t) -> int:
     return t.numel()
 
@@ -230,7 +231,7 @@ def _kept_name(panel, key, value) -> str:
         return finish.args[2]
     return key if key is not None else panel.name
 
-
+# %% ../nbs/14b_ddp.ipynb #1b8efc9d
 class DDPPack:
     "Packing what the panels kept into one gathered and one summed float64 vector."
 
@@ -259,7 +260,23 @@ class DDPPack:
     def _header_size(self) -> int:
         return HEADER + len(self.panels) + 1
 
-# %% ../nbs/14b_ddp.ipynb #cea8af5e
+# %% ../nbs/14b_ddp.ipynb #0c5e2b85
+def split_sums(numbers: list, sizes: list) -> list:
+    "`numbers` cut into consecutive pieces of `sizes`: one list per device tensor of a summed value."
+    pieces, cut = [], 0
+    for size in sizes:
+        pieces, cut = pieces + [numbers[cut:cut + size]], cut + size
+    return pieces
+
+
+def gathered_finish(kind: str, key, value, rows: list):
+    "The host `finish` of a gathered value from its numbers on each rank (`rows`): the loss's spread, or merged moments."
+    if kind == "loss":
+        return functools.partial(fixed_points, loss_points(key, [r[0] for r in rows]))
+    tm = merge_rows(rows) if kind == "rows" else merge_rows(rows[:1])     # 'same': every rank holds it; rank 0's
+    return functools.partial(merged_points, *value.finish.args[:3], tm)
+
+# %% ../nbs/14b_ddp.ipynb #154f89d9
 class DDPUnpack:
     "Putting host values, merged over the ranks, back in the panels' kept lists."
 
@@ -273,29 +290,28 @@ class DDPUnpack:
         for panel, i, kind in kept:
             key, _, value = panel.pending[i]
             sizes = [_numel(t) for t in (value.tensors if isinstance(value, Later) else (value,))]
-            size = sum(sizes)
             if kind == "sum":
-                numbers, total_at = sums[total_at:total_at + size], total_at + size
-                pieces, cut = [], 0
-                for n in sizes:
-                    pieces, cut = pieces + [numbers[cut:cut + n]], cut + n
+                pieces = split_sums(sums[total_at:total_at + sum(sizes)], sizes)
+                total_at += sum(sizes)
                 self._replace(panel, i, functools.partial(value.finish, *pieces))
                 continue
-            rows = [r[at:at + size] for r in ranks]
-            at += size
-            if kind == "loss":
-                self._replace(panel, i, functools.partial(fixed_points, loss_points(key, [r[0] for r in rows])))
-                continue
+            rows, at = [r[at:at + sum(sizes)] for r in ranks], at + sum(sizes)
             if kind == "same" and any(r != rows[0] for r in rows[1:]):
                 disagree.append(value.finish.args[2].rsplit("/", 1)[0])
-            tm = merge_rows(rows) if kind == "rows" else merge_rows(rows[:1])
-            self._replace(panel, i, functools.partial(merged_points, *value.finish.args[:3], tm))
+            self._replace(panel, i, gathered_finish(kind, key, value, rows))
         self._unpack_norms(ranks, at)
         if disagree:
             self.note(f"ranks disagree on {', '.join(disagree[:5])} (read after the allreduce: expected equal)")
 
+# %% ../nbs/14b_ddp.ipynb #432c9061
+MAX_RANK_SERIES = 16   # ranks beyond this many get no series of their own (min and max cover them)
+
+
+class DDPNormPoints:
+    "The gradient norms gathered at the flush, into the history."
+
     def _unpack_norms(self, ranks: list, at: int) -> None:
-        "The gradient norms: each rank's local one (before the allreduce) and the global one (after it)."
+        "Each rank's local norm (before the allreduce), their min and max, and the global one (after it)."
         for k, (step, _, _) in enumerate(self._norms):
             local = [math.sqrt(max(r[at + 2 * k], 0.0)) for r in ranks]
             for rank, value in enumerate(local[:MAX_RANK_SERIES]):
@@ -304,9 +320,6 @@ class DDPUnpack:
             self.history.record("ranks/grad_norm/local_max", step, max(local))
             self.history.record("ranks/grad_norm/global", step, math.sqrt(max(ranks[0][at + 2 * k + 1], 0.0)))
         self._norms = []
-
-
-MAX_RANK_SERIES = 16   # ranks beyond this many get no series of their own (min and max cover them)
 
 # %% ../nbs/14b_ddp.ipynb #11a3b411
 def stop_reason(flags: list, losses: list) -> str | None:
@@ -350,7 +363,7 @@ class DDPStop:
             self.note(f"early stop at step {self.step} on every rank: {reason}")
 
 # %% ../nbs/14b_ddp.ipynb #90e767cd
-class DDPMerge(DDPPack, DDPUnpack, DDPStop):
+class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
     "The flush of a data-parallel Inspector: one all_gather and one all_reduce, then `14a_torch`'s flush."
 
     def _to_host(self) -> None:
@@ -371,7 +384,7 @@ class DDPMerge(DDPPack, DDPUnpack, DDPStop):
             self._by_name["loss"].cost += self.merge_seconds[-1]
         super()._to_host()
 
-# %% ../nbs/14b_ddp.ipynb #ae96355f
+# %% ../nbs/14b_ddp.ipynb #99480afd
 def local_grad_hook(inspector):
     "A parameter's tensor hook: add the squared norm of this rank's own gradient (before the allreduce) to the step's total."
     torch = require_torch()
@@ -382,7 +395,7 @@ def local_grad_hook(inspector):
             inspector._local_sq = sq if inspector._local_sq is None else inspector._local_sq + sq
     return hook
 
-
+# %% ../nbs/14b_ddp.ipynb #ae96355f
 def global_sq_norm(params):
     "The squared norm, in float64 on the device, of the gradients `params` hold now (after the allreduce)."
     torch = require_torch()
@@ -453,14 +466,14 @@ class DDPGuard:
             self.guard = CollectiveGuard(budget, window, self.clock, self.max_stride)
             self.guard.throttled, self.guard.notes = self.history.meta["throttled"], self.history.meta["notes"]
 
-# %% ../nbs/14b_ddp.ipynb #da4c20d2
+# %% ../nbs/14b_ddp.ipynb #32a13f0a
 class RankFailure(RuntimeError):
     "Another rank of the run failed; the message names it, and says at which step and why."
 
 
 FAILURE_KEY = "minitrain_inspect/{run}/failed/{rank}"
 
-
+# %% ../nbs/14b_ddp.ipynb #da4c20d2
 def read_failures(store, run: str, world: int, me: int, wait: float = 3.0) -> str | None:
     "The first failure another rank wrote to `store` (polled for up to `wait` seconds), a line saying the store is gone, or None."
     deadline = time.monotonic() + wait
@@ -476,10 +489,10 @@ def read_failures(store, run: str, world: int, me: int, wait: float = 3.0) -> st
             return None
         time.sleep(0.05)
 
-# %% ../nbs/14b_ddp.ipynb #4d74303a
+# %% ../nbs/14b_ddp.ipynb #1140f804
 COLLECTIVE_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "collective")
 
-
+# %% ../nbs/14b_ddp.ipynb #4d74303a
 def is_collective_error(exc) -> bool:
     "True for the errors a rank gets when a peer fails under it: torch.distributed's own, or a gloo/NCCL RuntimeError."
     dist_error = getattr(sys.modules.get("torch.distributed"), "DistError", ())
@@ -488,14 +501,25 @@ def is_collective_error(exc) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in COLLECTIVE_WORDS)
 
 # %% ../nbs/14b_ddp.ipynb #59f53849
-class DDPFailure:
-    "Leaving collectives after an exception, and naming the rank that failed."
+class DDPFailureStore:
+    "The rendezvous store, where a failing rank leaves its report."
 
     def _store(self):
         if self.store is None:
             import torch.distributed as dist
             self.store = dist.distributed_c10d._get_default_store()    # the process group's rendezvous store
         return self.store
+
+    def _report_failure(self, exc) -> None:
+        try:
+            self._store().set(FAILURE_KEY.format(run=self.run_name, rank=self.rank),
+                              f"at step {self.step}: {type(exc).__name__}: {exc}"[:2000])
+        except Exception:          # the store is gone too: the others will say so
+            pass
+
+# %% ../nbs/14b_ddp.ipynb #0c107314
+class DDPFailure(DDPFailureStore):
+    "Leaving collectives after an exception, and naming the rank that failed."
 
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
@@ -512,21 +536,14 @@ class DDPFailure:
         if failure is not None:
             raise RankFailure(f"rank {self.rank} stopped at step {self.step} because {failure}") from exc
 
-    def _report_failure(self, exc) -> None:
-        try:
-            self._store().set(FAILURE_KEY.format(run=self.run_name, rank=self.rank),
-                              f"at step {self.step}: {type(exc).__name__}: {exc}"[:2000])
-        except Exception:          # the store is gone too: the others will say so
-            pass
-
-# %% ../nbs/14b_ddp.ipynb #8f13ed8b
+# %% ../nbs/14b_ddp.ipynb #3a381759
 def _unwrap(model):
     "The module inside a DistributedDataParallel wrapper, or `model` itself."
     torch = sys.modules.get("torch")
     ddp = getattr(getattr(getattr(torch, "nn", None), "parallel", None), "DistributedDataParallel", None) if torch else None
     return model.module if ddp is not None and isinstance(model, ddp) else model
 
-
+# %% ../nbs/14b_ddp.ipynb #8f13ed8b
 def _world(group) -> tuple[int, int]:
     "(rank, world size) in `group`, or (0, 1) without an initialised process group."
     import torch.distributed as dist
@@ -564,7 +581,7 @@ class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
                                               "gradients: after the allreduce (checked equal); per-class, units: counts summed; "
                                               "updates, spectral: rank 0's (equal on every rank)"}
 
-# %% ../nbs/14b_ddp.ipynb #b1018d76
+# %% ../nbs/14b_ddp.ipynb #000124f8
 def rank_band(ax, history) -> bool:
     "Shade the per-rank spread of the training loss (`ranks/train/min`..`max`) on the loss axes `ax`; False if none recorded."
     steps, lo = history.get("ranks/train/min")
@@ -575,7 +592,7 @@ def rank_band(ax, history) -> bool:
     ax.legend(fontsize=8)
     return True
 
-
+# %% ../nbs/14b_ddp.ipynb #b1018d76
 def worst_rank_note(history) -> str | None:
     "Which rank most often had the highest training loss, and how often; None without per-rank series."
     _, worst = history.get("ranks/train/worst_rank")
@@ -585,14 +602,14 @@ def worst_rank_note(history) -> str | None:
     rank = int(np.argmax(counts)) if counts.size else 0
     return f"ranks: {history.meta.get('ddp', {}).get('world_size', '?')} workers; rank {rank} had the highest training loss at {counts[rank] if counts.size else 0} of {worst.size} steps"
 
-# %% ../nbs/14b_ddp.ipynb #7471ae99
+# %% ../nbs/14b_ddp.ipynb #1604138d
 def add_rank_note(history) -> None:
     "Add `worst_rank_note` to the history's notes (shown in the dashboard's summary), once."
     note, notes = worst_rank_note(history), history.meta.setdefault("notes", [])
     if note is not None:
         notes[:] = [n for n in notes if not n.startswith("ranks: ")] + [note]
 
-
+# %% ../nbs/14b_ddp.ipynb #aa9d2eb8
 def save_ddp_dashboard(history, path, title: str | None = None, dpi: int = 80) -> Path:
     "`11_dashboard`'s dashboard, with the per-rank loss band on panel 1, written atomically to `path` (PNG)."
     from minitrain_inspect.dashboard import render_dashboard
@@ -607,7 +624,7 @@ def save_ddp_dashboard(history, path, title: str | None = None, dpi: int = 80) -
     plt.close(fig)
     return Path(path)
 
-
+# %% ../nbs/14b_ddp.ipynb #7471ae99
 def save_run(inspector, folder, title: str | None = None) -> dict | None:
     "On rank 0: write history.jsonl, snapshot.json and dashboard.png into `folder` (atomically); elsewhere write nothing, return None."
     snapshot = inspector.snapshot()              # collective: every rank calls save_run
@@ -665,12 +682,12 @@ def launch(commands: list, timeout: float = 120.0, env: dict | None = None) -> l
         out.close(), err.close()
     return results
 
-# %% ../nbs/14b_ddp.ipynb #1e7310ae
+# %% ../nbs/14b_ddp.ipynb #309e3f20
 def shard_values(seed: int, rank: int, step: int, size: int, offset: float = 0.0) -> np.ndarray:
     "The float64 data of `rank` at `step` in the exactness runs: `size` normal values plus `offset`, reproducible anywhere."
     return offset + np.random.default_rng([seed, rank, step]).standard_normal(size)
 
-
+# %% ../nbs/14b_ddp.ipynb #1e7310ae
 def probe_class():
     "A layer that adds a zero bias to its input: its output is its input, exactly (the bias stays 0 under SGD with lr = 0)."
     torch = require_torch()
@@ -709,7 +726,7 @@ def _demo_model(spec: dict):
         return x, (x @ teacher).argmax(dim=1)
     return model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), data
 
-# %% ../nbs/14b_ddp.ipynb #175fabac
+# %% ../nbs/14b_ddp.ipynb #0ce12dd4
 def _one_step(spec, step, ddp_model, loss_fn, optimizer, inspector, batch):
     "One training step of a worker (returns its local loss), with the injected NaN or exception of `spec` if this is their rank and step."
     x, y = batch(step)
@@ -732,7 +749,7 @@ def _one_step(spec, step, ddp_model, loss_fn, optimizer, inspector, batch):
     optimizer.step()
     return loss
 
-
+# %% ../nbs/14b_ddp.ipynb #3c04a2a8
 def _inspector_for(spec: dict, ddp_model, optimizer, loss_fn, store):
     "The Inspector a worker runs under: 'ddp' (merged), 'local' (14a_torch's, each rank its own) or 'none'."
     options = {"schedules": spec["schedules"]} if spec["schedules"] else {}
@@ -746,7 +763,7 @@ def _inspector_for(spec: dict, ddp_model, optimizer, loss_fn, store):
     return DDPInspector(ddp_model, optimizer=optimizer, loss_fn=loss_fn, flush_every=spec["flush_every"], store=store,
                         **options).attach()
 
-
+# %% ../nbs/14b_ddp.ipynb #1d32bfc9
 def _worker_figures(spec: dict, inspector, times: list, steps_run: int, loop: tuple, saved) -> dict:
     "What a worker prints: its steps, the stop, the last loss, step and merge times (ms), what it wrote."
     step_s = statistics.median(times) if times else math.nan
@@ -762,7 +779,7 @@ def _worker_figures(spec: dict, inspector, times: list, steps_run: int, loop: tu
             "strides": {p.name: p.stride for p in inspector.panels} if inspector is not None else {},
             "throttled": list(inspector.throttled) if inspector is not None else []}
 
-
+# %% ../nbs/14b_ddp.ipynb #175fabac
 def _run_worker(spec: dict, store) -> dict:
     torch = require_torch()
     model, loss_fn, optimizer, batch = _demo_model(spec)
@@ -782,7 +799,7 @@ def _run_worker(spec: dict, store) -> dict:
     figures = _worker_figures(spec, inspector, times, step + 1, loop, saved)
     return {**figures, "local_loss": float(loss) if loss is not None else None}
 
-# %% ../nbs/14b_ddp.ipynb #3cce42ce
+# %% ../nbs/14b_ddp.ipynb #6b490e00
 def ddp_worker(spec: dict) -> dict:
     "One rank of a demo or test run, configured by `spec` (keys of `DEMO_SPEC`, plus `rank` and `port`): joins, runs, leaves."
     import torch.distributed as dist
@@ -796,7 +813,7 @@ def ddp_worker(spec: dict) -> dict:
     leave(store, spec["rank"], spec["world"])
     return result
 
-
+# %% ../nbs/14b_ddp.ipynb #f4edd0dd
 def leave(store, rank: int, world: int, wait: float = 30.0) -> None:
     "Sign off in the store; rank 0, which hosts it, waits (at most `wait` s) until every rank has, so none loses the store."
     store.add("minitrain_inspect/left", 1)
@@ -804,18 +821,18 @@ def leave(store, rank: int, world: int, wait: float = 30.0) -> None:
     while rank == 0 and store.add("minitrain_inspect/left", 0) < world and time.monotonic() < deadline:
         time.sleep(0.02)
 
-
+# %% ../nbs/14b_ddp.ipynb #3cce42ce
 def ddp_worker_main(argv=None) -> None:
     "Entry point of a worker process: its spec as JSON in `argv[0]`; prints its result as one JSON line."
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     print(json.dumps(ddp_worker(spec), default=str), flush=True)
 
-# %% ../nbs/14b_ddp.ipynb #723530c5
+# %% ../nbs/14b_ddp.ipynb #fa09982a
 def worker_command(spec: dict) -> list:
     "The command line that runs `ddp_worker(spec)` in a fresh Python process."
     return [sys.executable, "-c", "from minitrain_inspect.ddp import ddp_worker_main; ddp_worker_main()", json.dumps(spec)]
 
-
+# %% ../nbs/14b_ddp.ipynb #9acfb9ca
 def run_ranks(spec: dict, timeout: float = 120.0) -> list:
     "Run `spec['world']` workers of `spec` on a free loopback port; `[(rc, stdout, stderr)]` per rank (see `launch`)."
     spec = {**DEMO_SPEC, **spec}
@@ -827,16 +844,16 @@ def run_ranks(spec: dict, timeout: float = 120.0) -> list:
            "OMP_NUM_THREADS": "1"}
     return launch(commands, timeout, env)
 
-
+# %% ../nbs/14b_ddp.ipynb #723530c5
 def worker_result(stdout: str) -> dict | None:
     "The JSON line a worker printed last, or None."
     lines = [l for l in stdout.splitlines() if l.startswith("{")]
     return json.loads(lines[-1]) if lines else None
 
-# %% ../nbs/14b_ddp.ipynb #c3b36f5d
+# %% ../nbs/14b_ddp.ipynb #486f3528
 MAX_DEMO_WORLD = 16
 
-
+# %% ../nbs/14b_ddp.ipynb #bb012bdd
 def add_ddp_demo_arguments(parser) -> None:
     "The `ddp-demo` flags on `parser` (an argparse parser)."
     parser.add_argument("--world", type=int, default=2, help=f"number of ranks, 1 to {MAX_DEMO_WORLD} (default 2)")
@@ -849,7 +866,7 @@ def add_ddp_demo_arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=Path("ddp-demo"), metavar="DIR", help="folder for the outputs (default ddp-demo)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default 300)")
 
-
+# %% ../nbs/14b_ddp.ipynb #c3b36f5d
 def demo_spec(args) -> dict:
     "The worker spec of the `ddp-demo` flags, checked: ValueError naming a bad value."
     world = check_int(args.world, "--world", 1, MAX_DEMO_WORLD)
@@ -885,7 +902,7 @@ def demo_lines(spec: dict, results: list, history) -> list:
                  f"{worst['merge_own_ms_per_step']:.3f} ms; the rest is the collectives, waiting for the slowest rank included)")
     return lines + [f"wrote {', '.join(results[0]['wrote'])}"]
 
-# %% ../nbs/14b_ddp.ipynb #0217232a
+# %% ../nbs/14b_ddp.ipynb #fef40e13
 def ddp_demo_command(args) -> int:
     "Run `ddp-demo` from parsed flags: prints its lines, returns 0; a failed rank: one line, 1; no PyTorch: one line, 2."
     if not torch_available():
@@ -904,7 +921,7 @@ def ddp_demo_command(args) -> int:
     print("\n".join(demo_lines(spec, results, History.load_jsonl(Path(spec["out"]) / "history.jsonl"))))
     return 0
 
-
+# %% ../nbs/14b_ddp.ipynb #0217232a
 def ddp_demo_main(argv=None) -> int:
     "`minitrain-inspect ddp-demo` on its own: parse `argv`, run, return the exit status (bad flags: one line, 2)."
     import argparse
