@@ -232,3 +232,25 @@ def test_budget_guard_thins_collectively():
     assert results[0]["strides"] == results[1]["strides"]
     assert results[0]["throttled"] == results[1]["throttled"] and results[0]["throttled"], "the guard never thinned"
     assert max(results[0]["strides"].values()) > 1
+
+
+def test_per_group_loss_goes_through_the_summed_path():
+    "Per-group sums and counts travel in the all_reduce part: one process gives each group's mean loss, as 14a_torch does."
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 2, 3, 0, 1])
+    groups = torch.tensor([0, 0, 1, 1, 1, 0])
+    with DDPInspector(model, optimizer=opt, loss_fn=loss_fn, flush_every=2).attach() as insp:
+        for _ in range(2):
+            insp.label_batch(groups, names=("a", "b"))
+            opt.zero_grad()
+            per_example = loss_fn(model(x), y)
+            per_example.mean().backward()
+            opt.step()
+    per_example = per_example.detach().double()
+    for g, name in enumerate(("a", "b")):
+        steps, values = insp.history.get(f"per_class/{name}")
+        assert steps.tolist() == [0, 1]
+        np.testing.assert_allclose(values, float(per_example[groups == g].mean()), rtol=1e-14)
