@@ -1,0 +1,256 @@
+"""One Inspector over a data-parallel run (14b_ddp): the merge across ranks equals the union's statistics, one history
+written by rank 0, the collective early stop, a failing rank named, the local gradient norms. The runs with several
+ranks are separate processes (subprocess) on 127.0.0.1 with gloo, each bounded in time; `launch` kills what remains."""
+import json
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from minitrain_inspect.ddp import (DEMO_SPEC, merge_rows, row_moments, run_ranks, shard_values, stop_reason,
+                                   worker_result)
+from minitrain_inspect.panels import History
+from minitrain_inspect.stats import TensorMoments
+
+RUN_TIMEOUT = 150.0     # seconds for a whole run of 2 or 3 processes on 2 busy cores (each imports torch: ~5 s)
+
+
+def exact_stats(values) -> tuple[Fraction, Fraction, float]:
+    "(mean, sample variance, kappa) of float64 `values`, exactly (fractions); kappa = 1 + mean²/var."
+    xs = [Fraction(float(v)) for v in values]
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return mean, var, float(1 + mean * mean / var)
+
+
+def rel(a: float, exact: Fraction) -> float:
+    return float(abs(Fraction(a) - exact) / abs(exact))
+
+
+# ---------------------------------------------------------------- in one process: the rows and their merge
+torch = pytest.importorskip("torch")
+from minitrain_inspect.ddp import residual_row, DDPInspector          # noqa: E402
+from minitrain_inspect.torch_inspect import host_moments, moments_row  # noqa: E402
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e8, -3e12])
+@pytest.mark.parametrize("sizes", [(50, 50), (1, 400, 37), (300, 2, 2, 90)])
+def test_merge_rows_equals_union(offset, sizes):
+    "Rows merged in rank order equal the union's exact statistics within 1e-12·κ, and are as exact as one process's."
+    shards = [shard_values(7, r, 0, n, offset) for r, n in enumerate(sizes)]
+    union = np.concatenate(shards)
+    mean, var, kappa = exact_stats(union)
+    merged = merge_rows([residual_row(torch.from_numpy(s)).tolist() for s in shards])
+    single = host_moments(moments_row(torch.from_numpy(union)).tolist())      # one process, the whole union at once
+    assert merged.n == union.size
+    assert rel(merged.var, var) <= 1e-12 * kappa
+    assert float(abs(Fraction(merged.mean) - mean)) <= 1e-12 * float(abs(mean) + var ** 0.5)
+    # at least as exact as one process's own statistics of the same values (up to the final rounding of each)
+    assert rel(merged.var, var) <= rel(single.var, var) + 4 * 2.0 ** -53
+    scale = math.fsum(np.abs(union)) / union.size      # mean(|x|): the scale of a mean's rounding (08_stats, MEAN_ERROR)
+    assert float(abs(Fraction(merged.mean) - mean)) <= float(abs(Fraction(single.mean) - mean)) + 4 * 2.0 ** -53 * scale
+
+
+def test_sum_of_sums_fails_at_offset():
+    "The naive all_reduce of (n, Σx, Σx²) is far off at an offset of 1e8, where the rows' merge is exact."
+    shards = [shard_values(3, r, 0, n, 1e8) for r, n in enumerate((200, 333))]
+    union = np.concatenate(shards)
+    _, var, _ = exact_stats(union)
+    s1 = sum(float(torch.from_numpy(s).sum()) for s in shards)
+    s2 = sum(float(torch.from_numpy(s).square().sum()) for s in shards)
+    naive = (s2 - s1 * s1 / union.size) / (union.size - 1)
+    assert rel(naive, var) > 0.5
+    assert rel(merge_rows([residual_row(torch.from_numpy(s)).tolist() for s in shards]).var, var) <= 1e-12
+
+
+def test_rows_with_nonfinite_values_and_empty_shards():
+    "NaN and inf are counted across ranks, a rank with no finite value adds nothing, an empty shard changes nothing."
+    a = torch.tensor([1.0, float("nan"), 3.0, float("inf")], dtype=torch.float64)
+    b = torch.tensor([float("nan")], dtype=torch.float64)
+    c = torch.zeros(0, dtype=torch.float64)
+    tm = merge_rows([residual_row(t).tolist() for t in (a, b, c)])
+    assert (tm.n, tm.mean, tm.nonfinite, tm.nan, tm.min, tm.max) == (2, 2.0, 3, 2, 1.0, 3.0)
+    assert row_moments(residual_row(b).tolist()).n == 0
+
+
+def test_stop_reason_names_rank_and_step():
+    assert stop_reason([0, 0], [(4, [1.0, math.inf])]) == "training loss not finite on rank 1 at step 4"
+    assert stop_reason([0, 0, 0], [(4, [1.0, 1.0, 1.0])]) is None
+
+
+def test_single_process_without_group_is_a_run_of_one(tmp_path):
+    "Without a process group the Inspector describes its own process: world size 1, the same panels, no collective."
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with DDPInspector(model, optimizer=opt, loss_fn=torch.nn.CrossEntropyLoss(), flush_every=3).attach() as insp:
+        for step in range(7):
+            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+            opt.zero_grad()
+            insp.loss_fn(model(x), y).backward()
+            opt.step()
+    assert insp.world_size == 1 and insp.history.meta["ddp"]["world_size"] == 1
+    assert insp.history.get("loss/train")[0].tolist() == list(range(7))
+    assert insp.history.get("ranks/grad_norm/rank0")[0].size == insp.history.get("ranks/grad_norm/global")[0].size > 0
+    # one rank: its local gradient is the gradient
+    np.testing.assert_allclose(insp.history.get("ranks/grad_norm/rank0")[1], insp.history.get("ranks/grad_norm/global")[1],
+                               rtol=1e-12)
+    with pytest.raises(TypeError, match="DDPOps"):
+        DDPInspector(model, optimizer=opt, ops=object())
+
+
+def test_imports_without_torch():
+    "The module imports without PyTorch, and its host-side merge works."
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import minitrain_inspect.ddp as d\n"
+            "print(d.merge_rows([[2, 1.0, 2.0, 0.0, 2.0, 0, 0, 0.0], [1, 4.0, 0.0, 4.0, 4.0, 0, 0, 0.0]]).n)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3"
+
+
+# ---------------------------------------------------------------- several processes on loopback
+def run(spec: dict) -> list:
+    "Run the workers of `spec`; (rc, result, stderr) per rank."
+    return [(rc, worker_result(out), err) for rc, out, err in run_ranks(spec, RUN_TIMEOUT)]
+
+
+def ok(results) -> list:
+    for rank, (rc, result, err) in enumerate(results):
+        assert rc == 0 and result is not None, f"rank {rank} exited {rc}: {err[-3000:]}"
+    return [r for _, r, _ in results]
+
+
+@pytest.mark.parametrize("world,batch,offset", [(2, [64, 64], 0.0), (2, [1, 150], 1e8), (3, [40, 7, 91], 1e8)])
+def test_merged_snapshot_equals_union(tmp_path, world, batch, offset):
+    "The snapshot rank 0 writes equals the statistics of every rank's data together (equal and uneven shards)."
+    spec = {"world": world, "batch": batch, "offset": offset, "model": "probe", "steps": 1, "seed": 5,
+            "schedules": {"activations": 1, "gradients": 1}, "out": str(tmp_path)}
+    ok(run(spec))
+    snapshot = json.loads((tmp_path / "snapshot.json").read_text())
+    union = np.concatenate([shard_values(5, r, 0, n, offset) for r, n in enumerate(batch)])
+    mean, var, kappa = exact_stats(union)
+    got = snapshot["Probe"]
+    assert got["n"] == union.size
+    assert rel(got["var"], var) <= 1e-12 * kappa
+    single = host_moments(moments_row(torch.from_numpy(union)).tolist())
+    assert rel(got["var"], var) <= rel(single.var, var) + 4 * 2.0 ** -53       # as exact as one process's own
+    scale = math.fsum(np.abs(union)) / union.size
+    assert float(abs(Fraction(got["mean"]) - mean)) <= float(abs(Fraction(single.mean) - mean)) + 4 * 2.0 ** -53 * scale
+
+
+def test_one_history_from_rank_zero(tmp_path):
+    "Rank 0 writes history, snapshot and dashboard; the other ranks write nothing; the history has the world and the spread."
+    results = ok(run({"world": 2, "batch": [16, 48], "steps": 12, "flush_every": 5, "out": str(tmp_path)}))
+    assert results[1]["wrote"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dashboard.png", "history.jsonl", "snapshot.json"]
+    history = History.load_jsonl(tmp_path / "history.jsonl")
+    assert history.meta["ddp"]["world_size"] == 2
+    lo, hi = history.get("ranks/train/min")[1], history.get("ranks/train/max")[1]
+    mean = history.get("loss/train")[1]
+    assert lo.size == mean.size == 12 and (lo <= mean).all() and (mean <= hi).all() and (lo < hi).any()
+    assert any(n.startswith("ranks: 2 workers; rank ") for n in history.meta["notes"])
+    # the histogram of the ReLU layer, summed over ranks: every seen output falls in a bin, below or above
+    hist, below, above = (history.get(f"units/1/{f}")[1] for f in ("histogram", "below", "above"))
+    assert hist.shape[0] > 0
+    np.testing.assert_allclose(hist.sum(axis=1) + below + above, 1.0, rtol=0, atol=1e-12)
+    # every rank holds the same merged loss
+    assert results[0]["loss"] == results[1]["loss"]
+    # local norms, one series per rank, differ from the averaged gradient's norm, which is at most their mean
+    local = [history.get(f"ranks/grad_norm/rank{r}")[1] for r in range(2)]
+    total = history.get("ranks/grad_norm/global")[1]
+    assert total.size == local[0].size > 0 and not np.allclose(local[0], local[1])
+    assert (total <= (local[0] + local[1]) / 2 * (1 + 1e-12)).all()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nan_on_one_rank_stops_every_rank_at_the_same_step(world):
+    "A NaN injected into one rank's batch stops every rank at the next flush, the same step, no rank left waiting."
+    spec = {"world": world, "batch": [8] * world, "steps": 40, "flush_every": 10, "nan_at": [world - 1, 5]}
+    results = ok(run(spec))
+    assert {r["steps_run"] for r in results} == {10}
+    assert {r["stopped"]["step"] for r in results} == {9}
+    assert {r["stopped"]["reason"] for r in results} == {f"training loss not finite on rank {world - 1} at step 5"}
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_raising_rank_is_named_and_nobody_hangs(failing):
+    "A rank that raises mid-run ends the run within the timeout; the other rank's error names it."
+    results = run({"world": 2, "batch": [8, 8], "steps": 30, "raise_at": [failing, 3], "timeout": 20.0})
+    (rc_bad, _, err_bad), (rc_other, _, err_other) = results[failing], results[1 - failing]
+    assert rc_bad not in (0, None) and f"injected failure on rank {failing} at step 3" in err_bad
+    assert rc_other not in (0, None), "the surviving rank did not fail"
+    assert rc_other != -9, "the surviving rank hung until launch killed it"
+    assert "RankFailure" in err_other and f"rank {failing}" in err_other.split("RankFailure")[-1]
+
+
+def test_ranks_of_very_different_speeds_agree():
+    "A slow rank (its steps 20x longer) and a fast one flush and merge in step: same history, no deadlock."
+    results = ok(run({"world": 2, "batch": [8, 8], "steps": 25, "flush_every": 5, "sleep": [1, 0.02]}))
+    assert results[0]["loss"] == results[1]["loss"] and len(results[0]["flush_ms"]) == len(results[1]["flush_ms"]) > 0
+
+
+# ---------------------------------------------------------------- properties of the merge, and the command
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=6).filter(lambda s: sum(s) >= 2),
+       st.sampled_from([0.0, 1e8, -7.5e5]), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_any_split_merges_to_the_union(sizes, offset, seed):
+    "However the data is split across ranks (empty ranks included), the merge equals the union's exact statistics."
+    shards = [shard_values(seed, r, 0, n, offset) for r, n in enumerate(sizes)]
+    union = np.concatenate(shards)
+    mean, var, kappa = exact_stats(union)
+    merged = merge_rows([residual_row(torch.from_numpy(s)).tolist() for s in shards])
+    assert merged.n == union.size
+    assert rel(merged.var, var) <= 1e-12 * kappa
+    single = host_moments(moments_row(torch.from_numpy(union)).tolist())
+    assert rel(merged.var, var) <= rel(single.var, var) + 4 * 2.0 ** -53
+
+
+def test_ddp_demo_command(tmp_path, capsys):
+    "ddp-demo --world 2 writes one dashboard of the whole run and prints merged and per-rank figures; bad flags: one line."
+    from minitrain_inspect.ddp import ddp_demo_main
+    assert ddp_demo_main(["--world", "2", "--steps", "12", "--batch", "8", "24", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 ranks on 127.0.0.1" in out and "per rank rank 0 " in out and "rank 1 " in out and "merge cost" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dashboard.png", "history.jsonl", "snapshot.json"]
+    for argv, words in ((["--world", "0"], "--world"), (["--world", "2", "--batch", "1", "2", "3"], "--batch"),
+                        (["--world", "2", "--nan-at", "5", "1"], "--nan-at")):
+        assert ddp_demo_main(argv + ["--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_budget_guard_thins_collectively():
+    "Ranks whose panels cost very differently (batches of 4 and 2048) thin to the same strides, at the same steps."
+    results = ok(run({"world": 2, "batch": [4, 2048], "steps": 120, "flush_every": 10, "budget": 0.02, "width": 64,
+                      "schedules": {"activations": 1, "gradients": 1, "units": 1}}))
+    assert results[0]["strides"] == results[1]["strides"]
+    assert results[0]["throttled"] == results[1]["throttled"] and results[0]["throttled"], "the guard never thinned"
+    assert max(results[0]["strides"].values()) > 1
+
+
+def test_per_group_loss_goes_through_the_summed_path():
+    "Per-group sums and counts travel in the all_reduce part: one process gives each group's mean loss, as 14a_torch does."
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 2, 3, 0, 1])
+    groups = torch.tensor([0, 0, 1, 1, 1, 0])
+    with DDPInspector(model, optimizer=opt, loss_fn=loss_fn, flush_every=2).attach() as insp:
+        for _ in range(2):
+            insp.label_batch(groups, names=("a", "b"))
+            opt.zero_grad()
+            per_example = loss_fn(model(x), y)
+            per_example.mean().backward()
+            opt.step()
+    per_example = per_example.detach().double()
+    for g, name in enumerate(("a", "b")):
+        steps, values = insp.history.get(f"per_class/{name}")
+        assert steps.tolist() == [0, 1]
+        np.testing.assert_allclose(values, float(per_example[groups == g].mean()), rtol=1e-14)
