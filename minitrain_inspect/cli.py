@@ -122,6 +122,14 @@ def _add_dashboard_command(sub) -> None:
     g.add_argument("--title", default=None, help="title of the figure (default: the one saved in the history)")
 
 
+def _add_ddp_demo_command(sub) -> None:
+    from minitrain_inspect.ddp import add_ddp_demo_arguments
+    add_ddp_demo_arguments(sub.add_parser(
+        "ddp-demo", help="a data-parallel run on loopback, inspected as one run",
+        description="Run WORLD processes on 127.0.0.1 (gloo, the torch extra); write one history and one dashboard of "
+                    "the whole run; print the merged and per-rank figures."))      # the flags live in 14b_ddp
+
+
 def _add_export_command(sub) -> None:
     from minitrain_inspect.export import add_export_command
     add_export_command(sub)             # the flags live with the export, in 11a_export
@@ -238,13 +246,13 @@ def _add_mutants_command(sub) -> None:
 
 # %% ../nbs/18_cli.ipynb #7fda1db7
 SUBCOMMANDS = (_add_train_command, _add_demo_command, _add_dashboard_command, _add_export_command, _add_overhead_command,
-               _add_trace_command, _add_diagnose_command, _add_release_command, _add_grade_command, _add_mutants_command,
-               _add_docs_command)
+               _add_trace_command, _add_ddp_demo_command, _add_diagnose_command, _add_release_command, _add_grade_command,
+               _add_mutants_command, _add_docs_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `minitrain-inspect` parser: `--version` and the subcommands `train`, `demo`, `dashboard`, `export`, `overhead`,
-    `trace`, `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
+    `trace`, `ddp-demo`, `diagnose`, and the instructor's `release`, `grade`, `mutants` and `docs`."""
     parser = OneLineParser(prog=PROG, description="Train a NumPy model of English past tenses and see inside the run.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -674,13 +682,18 @@ def _protocol_rows(args) -> list:
     return rows
 
 # %% ../nbs/18_cli.ipynb #a1f88319
+def _run_ddp_demo(args) -> int:
+    from minitrain_inspect.ddp import ddp_demo_command
+    return ddp_demo_command(args)       # 14b_ddp: runs the ranks, writes the run's files, prints the figures
+
+
 def _run_trace(args) -> int:
     from minitrain_inspect.trace import trace_command
     return trace_command(args)          # 14_trace: runs the trace, prints the table, returns the status
 
 
 COMMANDS = {"train": _run_train, "demo": _run_demo, "dashboard": _run_dashboard, "export": _run_export, "overhead": _run_overhead,
-            "trace": _run_trace, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
+            "trace": _run_trace, "ddp-demo": _run_ddp_demo, "diagnose": _run_diagnose, "release": _run_release, "grade": _run_grade,
             "mutants": _run_mutants, "docs": _run_docs}
 
 
