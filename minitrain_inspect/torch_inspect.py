@@ -86,23 +86,24 @@ MASK_FREE_LIMIT = 2 ** 26      # below it the NaN and ±inf counts share one exa
 def torch_moments(x) -> TorchMoments:
     "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes, no boolean mask)."
     torch = require_torch()
-    flat = x.detach().reshape(-1).to(torch.float64)
+    flat = x.detach().reshape(-1).to(torch.float64, copy=True)     # our own copy: the passes below work in place
     size = flat.numel()
     if size == 0:           # the shape is known on the host: no sync to find an empty tensor
         zero = flat.new_zeros(())
         return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
     if size >= MASK_FREE_LIMIT:
         return masked_moments(flat)
-    clean = flat.nan_to_num(0.0, 0.0, 0.0)                            # NaN and ±inf become 0
-    code = flat.nan_to_num(1.0, size + 1.0, size + 1.0).sub_(clean)   # 0 where finite, 1 at NaN, size + 1 at ±inf
-    codes = code.sum()                              # NaN count + (size + 1) × inf count: an exact integer
-    nonfinite = code.clamp_(max=1.0).sum()          # code is now 1 at each non-finite value
-    n = size - nonfinite
+    code = flat.nan_to_num(1.0, size + 1.0, size + 1.0)
+    clean = flat.nan_to_num_(0.0, 0.0, 0.0)                 # in place: NaN and ±inf become 0
+    codes = code.sub_(clean).sum()          # code: 0 where finite, 1 at NaN, size + 1 at ±inf; codes: an exact integer
+    inf = torch.div(codes, size + 1.0, rounding_mode="floor")
+    nan = codes - inf * (size + 1.0)
+    n = size - nan - inf
     mean = clean.sum() / n
-    filled = clean.addcmul_(code, mean)             # a non-finite value becomes the mean: no deviation, within [min, max]
+    filled = clean.addcmul_(code.clamp_(max=1.0), mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
     lo, hi = torch.aminmax(filled)
-    m2 = filled.sub_(mean).square_().sum()
-    return TorchMoments(n, mean, m2, lo, hi, nonfinite, nonfinite - (codes - nonfinite) / size)
+    m2 = torch.linalg.vector_norm(filled.sub_(mean)).square()
+    return TorchMoments(n, mean, m2, lo, hi, nan + inf, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
 def moments_row(x):
