@@ -701,6 +701,8 @@ class TorchLabels:
 
     def label_batch(self, groups, names=None) -> None:
         "Give each example of the next batch a group: int tensor `groups` with `names` (N names, labels 0..N−1), or a list of names."
+        if not self._enabled:           # disabled: nothing will be measured, so nothing to check or keep
+            return
         torch = require_torch()
         if isinstance(groups, torch.Tensor):
             if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
@@ -964,6 +966,8 @@ class InspectorWatcher:
 
     def loss(self, value: float, per_example, regular) -> None:
         "The loop's report, after the backward pass: the per-example losses, labelled irregular (0) or regular (1)."
+        if not self.inspector.enabled:      # a disabled Inspector takes nothing: the loop's loss need not be averaged for it
+            return
         torch = require_torch()
         if regular is not None:
             self.inspector.label_batch(torch.from_numpy(np.asarray(regular, dtype=np.int64)), names=("irregular", "regular"))
