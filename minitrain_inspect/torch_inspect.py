@@ -28,21 +28,21 @@ from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'RECOMPUTED_NOTE',
-           'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
-           'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'torch_moments', 'moments_row',
-           'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
-           'as_matrix', 'TorchSpectralNorm', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points',
-           'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel',
-           'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel',
-           'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
-           'missing_hooks', 'missing_message', 'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
-           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
-           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
-           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+__all__ = ['MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
+           'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS',
+           'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
+           'masked_moments', 'torch_moments', 'moments_row', 'host_moments', 'Later', 'to_host',
+           'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm',
+           'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
+           'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
+           'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
+           'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
+           'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
+           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules',
+           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
+           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
+           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
+           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -67,13 +67,9 @@ class TorchMoments(NamedTuple):
     nan: object
 
 # %% ../nbs/14a_torch.ipynb #d0f111ad
-def torch_moments(x) -> TorchMoments:
-    "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes, 15 operations)."
+def masked_moments(flat) -> TorchMoments:
+    "`torch_moments` of a flat float64 tensor by boolean masks (15 operations): the reference the fast path is tested against."
     torch = require_torch()
-    flat = x.detach().reshape(-1).to(torch.float64)
-    if flat.numel() == 0:           # the shape is known on the host: no sync to find an empty tensor
-        zero = flat.new_zeros(())
-        return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
     finite = torch.isfinite(flat)
     n = finite.sum(dtype=torch.float64)
     mean = torch.where(finite, flat, 0.0).sum() / n
@@ -82,6 +78,32 @@ def torch_moments(x) -> TorchMoments:
     lo, hi = torch.aminmax(centred)
     return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n,
                         torch.isnan(flat).sum(dtype=torch.float64))
+
+# %% ../nbs/14a_torch.ipynb #03bbf8dc
+MASK_FREE_LIMIT = 2 ** 26      # below it the NaN and ±inf counts share one exact float64 sum (see the text)
+
+
+def torch_moments(x) -> TorchMoments:
+    "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes, no boolean mask)."
+    torch = require_torch()
+    flat = x.detach().reshape(-1).to(torch.float64, copy=True)     # our own copy: the passes below work in place
+    size = flat.numel()
+    if size == 0:           # the shape is known on the host: no sync to find an empty tensor
+        zero = flat.new_zeros(())
+        return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
+    if size >= MASK_FREE_LIMIT:
+        return masked_moments(flat)
+    code = flat.nan_to_num(1.0, size + 1.0, size + 1.0)
+    clean = flat.nan_to_num_(0.0, 0.0, 0.0)                 # in place: NaN and ±inf become 0
+    codes = code.sub_(clean).sum()          # code: 0 where finite, 1 at NaN, size + 1 at ±inf; codes: an exact integer
+    inf = torch.div(codes, size + 1.0, rounding_mode="floor")
+    nan = codes - inf * (size + 1.0)
+    n = size - nan - inf
+    mean = clean.sum() / n
+    filled = clean.addcmul_(code.clamp_(max=1.0), mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
+    lo, hi = torch.aminmax(filled)
+    m2 = torch.linalg.vector_norm(filled.sub_(mean)).square()
+    return TorchMoments(n, mean, m2, lo, hi, nan + inf, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
 def moments_row(x):
@@ -303,15 +325,16 @@ class TorchLossPanel(LossPanel):
     "Panel 1 for PyTorch: the mean loss of each training step, and evaluation losses, as device tensors."
 
     def on_loss(self, loss, per_example, labels, training: bool) -> None:
-        torch = require_torch()
-        loss = loss.detach().to(torch.float64)
+        loss = loss.detach()       # kept in its own dtype: the flush converts it to float64, exactly
         if not training:
             return self.record("loss/val", loss, step=max(self.step - 1, 0))
         step, total, calls = self._running
-        if step != self.step:
-            total, calls = 0.0, 0
-        self._running = (self.step, loss + total, calls + 1)
-        self.record("loss/train", self._running[1] / (calls + 1))
+        if step != self.step:      # the step's first loss: recorded as it is, no operation on the device
+            self._running = (self.step, loss, 1)
+            return self.record("loss/train", loss)
+        total = total.double() + loss.double()       # a second loss in the step: the mean of both, summed in float64
+        self._running = (self.step, total, calls + 1)
+        self.record("loss/train", total / (calls + 1))
 
     def flush(self, history) -> None:
         Records.flush(self, history)      # each call recorded its point already
@@ -367,13 +390,32 @@ def ratio_points(key: str, change: float, norm: float) -> list:
 
 # %% ../nbs/14a_torch.ipynb #7834ab21
 class TorchUpdatePanel(UpdatePanel):
-    "Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from float64 copies, as device tensors."
+    "Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from float64 copies, as device tensors (`_foreach` ops)."
+
+    def on_step_begin(self, params, optimizer) -> None:
+        self._copied = list(params)
+        buffers = [self._buffer(name, p) for name, p in self._copied]
+        torch = require_torch()
+        torch._foreach_copy_(buffers, [p.detach() for _, p in self._copied])   # every copy in one call
+        self._norms.update(zip((name for name, _ in self._copied), torch._foreach_norm(buffers)))
 
     def on_step_end(self, params) -> None:
-        for name, p in self._copied:
+        if not self._copied:
+            return
+        torch = require_torch()
+        buffers = [self._before[name] for name, _ in self._copied]
+        torch._foreach_sub_(buffers, [p.detach() for _, p in self._copied])    # each buffer now holds −Δw, in float64
+        for (name, _), change in zip(self._copied, torch._foreach_norm(buffers)):
             finish = functools.partial(ratio_points, f"updates/{name}/ratio")
-            self.record(None, Later(finish, (self.ops.change_norm(p, self._before[name]), self._norms[name])))
+            self.record(None, Later(finish, (change, self._norms[name])))
         self._copied = []
+
+    def _buffer(self, name: str, p):
+        "The float64 buffer of parameter `name`, allocated once (again if its shape or device changes)."
+        torch, buffer = require_torch(), self._before.get(name)
+        if buffer is None or buffer.shape != p.shape or buffer.device != p.device:
+            buffer = self._before[name] = torch.empty(p.shape, dtype=torch.float64, device=p.device)
+        return buffer
 
 # %% ../nbs/14a_torch.ipynb #e287a9e2
 class TorchSpectralPanel(SpectralPanel):
@@ -659,6 +701,8 @@ class TorchLabels:
 
     def label_batch(self, groups, names=None) -> None:
         "Give each example of the next batch a group: int tensor `groups` with `names` (N names, labels 0..N−1), or a list of names."
+        if not self._enabled:           # disabled: nothing will be measured, so nothing to check or keep
+            return
         torch = require_torch()
         if isinstance(groups, torch.Tensor):
             if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
@@ -922,6 +966,8 @@ class InspectorWatcher:
 
     def loss(self, value: float, per_example, regular) -> None:
         "The loop's report, after the backward pass: the per-example losses, labelled irregular (0) or regular (1)."
+        if not self.inspector.enabled:      # a disabled Inspector takes nothing: the loop's loss need not be averaged for it
+            return
         torch = require_torch()
         if regular is not None:
             self.inspector.label_batch(torch.from_numpy(np.asarray(regular, dtype=np.int64)), names=("irregular", "regular"))

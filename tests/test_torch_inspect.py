@@ -508,3 +508,36 @@ def test_per_group_loss_from_logits_and_targets_of_a_reducing_cross_entropy():
     assert any("recomputed from the logits" in n for n in mean.meta["notes"])
     reduced = per_class(nn.MultiMarginLoss())
     assert not reduced.keys("per_class/") and any("reduction='none'" in n for n in reduced.meta["notes"])
+
+
+# ---------------------------------------------------------------- the fast paths against plain computations
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_mask_free_moments_match_the_masked_reference(dtype, monkeypatch):
+    import minitrain_inspect.torch_inspect as ti
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.standard_normal(4000) * 2 + 30).to(dtype)
+    x[rng.choice(4000, 60, replace=False)] = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype).repeat(20)
+    fast = [t.item() for t in ti.torch_moments(x)]
+    slow = [t.item() for t in ti.masked_moments(x.double())]
+    n = 4000 - 60
+    assert fast[0] == slow[0] == n and fast[3:] == slow[3:] and fast[5:] == [60, 20]
+    scale = 32.0                                    # above mean |x| of this data: every value lies in (20, 40)
+    assert abs(fast[1] - slow[1]) <= 4 * TORCH_SUM_ERROR(n) * scale      # both within TORCH_SUM_ERROR of the exact mean
+    assert abs(fast[2] - slow[2]) <= 1e-10 * slow[2]
+    monkeypatch.setattr(ti, "MASK_FREE_LIMIT", 16)      # a large tensor takes the masked path: same figures
+    assert [t.item() for t in ti.torch_moments(x)] == slow
+    assert x.isnan().sum().item() == 20               # the input itself is never written (the passes work on a copy)
+
+
+def test_update_ratios_match_a_plain_float64_computation():
+    model, opt = build("mlp", opt="adam")
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(3)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, loss_fn, data[:2])
+        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+        run(model, opt, loss_fn, data[2:])
+    for name, p in model.named_parameters():
+        expected = (torch.linalg.vector_norm(p.detach().double() - before[name]) /
+                    torch.linalg.vector_norm(before[name])).item()
+        assert insp.history.get(f"updates/{name}/ratio")[1][-1] == pytest.approx(expected, rel=1e-12)
