@@ -534,11 +534,12 @@ def _run_release(args) -> int:
     return 0
 
 
-def _isolation_line() -> str:
+def _isolation_line(timeout: float) -> str:
     "What `grade` says about the room its hand-ins run in: the room and its limits, a warning when it is weaker."
+    from minitrain_inspect.course import grading_limits
     from minitrain_inspect.sandbox import describe_isolation, isolation_mode
     mode = isolation_mode()
-    return f"{PROG}: {'warning: ' if mode == 'limits only' else ''}{describe_isolation(mode)}"
+    return f"{PROG}: {'warning: ' if mode == 'limits only' else ''}{describe_isolation(mode, grading_limits(timeout))}"
 
 
 def _run_grade(args) -> int:
@@ -546,7 +547,7 @@ def _run_grade(args) -> int:
     from minitrain_inspect.course import grade
     report = grade(args.path, timeout=args.timeout, only=args.only, workers=_positive("workers", args.workers),
                    reference=args.reference, exercises=args.exercise)
-    print(_isolation_line(), file=sys.stderr)        # after the checks: a refused input stays one line
+    print(_isolation_line(args.timeout), file=sys.stderr)    # after the checks: a refused input stays one line
     print(json.dumps(to_jsonable(report.to_dict()), allow_nan=False) if args.json else report.to_text())
     return 0
 

@@ -40,10 +40,10 @@ __all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 
            'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release', 'failure_message',
            'harness_snapshot', 'harness_tampered', 'harness_guard', 'harness_describe', 'harness_trusted',
            'harness_park', 'harness_overlay', 'harness_main', 'child_program', 'read_channel', 'CellRun',
-           'module_notebook', 'course_package', 'run_cells', 'GradedCell', 'graded_cells', 'ExerciseResult',
-           'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed', 'waiting_on', 'score_notebook',
-           'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations', 'solution_cells',
-           'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
+           'module_notebook', 'course_package', 'grading_limits', 'run_cells', 'GradedCell', 'graded_cells',
+           'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed', 'waiting_on',
+           'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations',
+           'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
            'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #81de45b8
@@ -873,6 +873,11 @@ def _drain(fd: int, into: list) -> None:
         os.close(fd)
 
 # %% ../nbs/16_course.ipynb #79ad5e95
+def grading_limits(timeout: float) -> Limits:
+    "The room's limits for a notebook graded with time limit `timeout`: CPU time for two threads over it, the rest default."
+    return Limits(cpu_seconds=2 * math.ceil(timeout) + 5)
+
+
 def _reference_hidden() -> list[Path]:
     "What of the reference the child must not see: the package's folder, and the project around it if there is one."
     root = reference_root()
@@ -901,7 +906,7 @@ def run_cells(nb: dict, name: str, timeout: float = DEFAULT_TIMEOUT, upto=None, 
         reader.start()
         with open(base / "output.log", "wb") as log:
             code = run_in_room([sys.executable, "-s", "-c", child_program()], base / "run", env, timeout,
-                               Limits(cpu_seconds=2 * math.ceil(timeout) + 5), hide=[*_reference_hidden(), *hide],
+                               grading_limits(timeout), hide=[*_reference_hidden(), *hide],
                                copy=_font_cache("/tmp/home"), readonly=[(base / "pkg", "/tmp/pkg")], stdout=log,
                                input=key + plan.encode(), pass_fds=(write_end,), children=children)
         os.close(write_end)
