@@ -668,6 +668,10 @@ class InspectorRemoval:
     def remove_all(self) -> None:
         "Record what the panels kept aside, and remove every hook this Inspector registered (statistics stay)."
         self._flush()
+        self._release_hooks()
+
+    def _release_hooks(self) -> None:
+        "Detach the panels and remove every hook handle: what any framework's `remove_all` ends with."
         for panel in self.panels:
             panel.detach()
         for handle in self.handles:

@@ -791,13 +791,7 @@ class TorchRemoval:
             self._flush(force=True)
         finally:
             self._drop_tensor_hooks()
-            for panel in self.panels:
-                panel.detach()
-            for handle in self.handles:
-                handle.remove()
-            self.handles.clear()
-            self._live.clear()
-            self._step_ender, self._optimizer_hooked = None, False
+            self._release_hooks()
 
 # %% ../nbs/14a_torch.ipynb #780052ee
 def _check_torch_args(model, optimizer, loss_fn) -> None:
