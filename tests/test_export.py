@@ -19,16 +19,9 @@ from minitrain_inspect.export import (SaveHistory, export_history, export_main, 
 from minitrain_inspect.inspect import Inspector
 from minitrain_inspect.panels import FLOAT64_MAX, History
 from minitrain_inspect.train import TrainConfig, train
+from ci_extras import ci_extras
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def ci_extras() -> set:
-    "The extras .ci/run installs (`pip install -e \".[dev,torch,...]\"`), if this is CI (CI=true); else none."
-    if os.environ.get("CI") != "true":
-        return set()
-    found = re.search(r'\.\[([a-z,]+)\]', (ROOT / ".ci" / "run").read_text())
-    return set(found.group(1).split(",")) if found else set()
 
 
 def need(module: str, extra: str):

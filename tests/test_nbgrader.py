@@ -19,7 +19,6 @@ student, side by side) and two runs of `grade` beside them: about 6 minutes of C
 import csv
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from minitrain_inspect.course import BEGIN_SOLUTION, cell_source, course_notebooks, grade, graded_cells, read_notebook
+from ci_extras import ci_extras
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
@@ -38,14 +38,6 @@ STUDENTS = ("alice", "bob")
 LEFT_STUBBED = ("03_optim", "sgd_step")     # bob's unsolved exercise (its graded cell `sgd_step-tests` he rewrites)
 CELL_TIMEOUT = 120                          # nbgrader's limit per cell, in seconds (its default is 30)
 TIMES = {}
-
-
-def ci_extras() -> set:
-    "The extras .ci/run installs (`pip install -e \".[dev,torch,...]\"`), if this is CI (CI=true); else none."
-    if os.environ.get("CI") != "true":
-        return set()
-    found = re.search(r'\.\[([a-z,]+)\]', (ROOT / ".ci" / "run").read_text())
-    return set(found.group(1).split(",")) if found else set()
 
 
 try:
