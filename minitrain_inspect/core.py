@@ -101,8 +101,7 @@ def _equal(got, expected) -> bool:
     broadcast) are unequal rather than an error, and dicts of arrays compare value by value."""
     from fastcore.imports import equals      # a development dependency, so imported only when a check runs
     try:
-        with np.errstate(all="ignore"):
-            return bool(equals(got, expected))
+        return bool(equals(got, expected))
     except (ValueError, TypeError):
         if isinstance(got, dict) and isinstance(expected, dict):
             return got.keys() == expected.keys() and all(_equal(got[k], expected[k]) for k in expected)
