@@ -404,7 +404,8 @@ prose before each one says what to build (TODO), how (APPROACH) and what to watc
 ## Work through a notebook
 
 1. Read the prose, then write your code in place of the `raise NotImplementedError(...)` line.
-2. Run the cells that follow it: they test your code, and say what they expected and what they got.
+2. Run the cells that follow it: they test your code. A check that fails says what it expected and what it got;
+   a test cell whose checks all pass ends with one line, such as `✓ 3 checks passed`.
 3. Move on when they pass. Run the whole notebook top to bottom before you hand it in
    (Kernel > Restart Kernel and Run All Cells).
 
