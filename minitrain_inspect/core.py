@@ -7,15 +7,62 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
+import re
+import reprlib
 import signal
+import sys
 import threading
 from typing import Callable, Iterator
 
 import numpy as np
 
 # %% auto #0
-__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'expect_error', 'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential',
-           'sigint_deferred', 'optional_numba', 'kernel_input', 'method_of']
+__all__ = ['DEFAULT_DTYPE', 'FLOAT_DTYPES', 'CheckTally', 'check_tally', 'expect_error', 'test_eq', 'test_close', 'test_fail',
+           'as_float_dtype', 'HookHandle', 'Parameter', 'Module', 'Sequential', 'sigint_deferred', 'optional_numba',
+           'kernel_input', 'method_of']
+
+# %% ../nbs/00_core.ipynb #4fc46a90
+class CheckTally:
+    "Counts the checks that pass while an IPython cell runs, and says so in one line when the cell ends."
+
+    def __init__(self):
+        self.passed = 0
+
+    def cell_started(self, info=None) -> None:
+        "IPython's `pre_run_cell` event: every cell counts from zero."
+        self.passed = 0
+
+    def say_checks_passed(self, result=None) -> None:
+        "IPython's `post_run_cell` event: one line when checks passed and the cell succeeded, nothing otherwise."
+        passed, self.passed = self.passed, 0
+        if passed and getattr(result, "success", True):
+            line = f"✓ {passed:,} check{'' if passed == 1 else 's'} passed"
+            try:
+                print(line)
+            except UnicodeEncodeError:      # a terminal that cannot show the tick
+                print(line.replace("✓", "ok:"))
+
+
+def check_tally(shell) -> CheckTally | None:
+    "The `CheckTally` hooked to IPython `shell`'s cell events (hooked on first use), or None when `shell` is None."
+    if shell is None:
+        return None
+    for callback in shell.events.callbacks["post_run_cell"]:
+        if getattr(callback, "__name__", "") == "say_checks_passed":
+            return callback.__self__
+    tally = CheckTally()
+    shell.events.register("pre_run_cell", tally.cell_started)
+    shell.events.register("post_run_cell", tally.say_checks_passed)
+    return tally
+
+
+def _count_pass() -> None:
+    "Count one passed check for the running IPython cell's line; outside IPython (a script, the grader) do nothing."
+    ipython = sys.modules.get("IPython")     # never imported here: if nothing imported it, this is no IPython
+    tally = check_tally(ipython.get_ipython() if ipython is not None else None)
+    if tally is not None:
+        tally.passed += 1
 
 # %% ../nbs/00_core.ipynb #315665ba
 def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = Exception, contains: str | None = None) -> BaseException:
@@ -26,10 +73,151 @@ def expect_error(fn: Callable[[], object], error: type[BaseException] | tuple = 
     except error as exc:
         if contains is not None and contains not in str(exc):
             raise AssertionError(f"expected {expected} mentioning {contains!r}, got {type(exc).__name__}: {exc}") from exc
+        _count_pass()
         return exc
     except Exception as exc:
         raise AssertionError(f"expected {expected}, got {type(exc).__name__}: {exc}") from exc
     raise AssertionError(f"expected {expected}{f' mentioning {contains!r}' if contains else ''}, but nothing was raised")
+
+# %% ../nbs/00_core.ipynb #2d74ccee
+def _show(value, limit: int = 80) -> str:
+    "`value` on one line of at most `limit` characters; an array of over 20 elements by its shape, dtype and first values."
+    if isinstance(value, np.ndarray) and value.size > 20:
+        first = ", ".join(str(x) for x in value.flat[:3])
+        text = f"array of shape {value.shape}, {value.dtype}: [{first}, …]"
+    elif isinstance(value, (np.ndarray, np.generic)):
+        text = repr(value) if isinstance(value, np.ndarray) else str(value)
+    else:
+        brief = reprlib.Repr()
+        brief.maxlist = brief.maxtuple = brief.maxset = 10
+        brief.maxdict, brief.maxstring, brief.maxother, brief.maxlong = 6, limit, limit, 40
+        text = brief.repr(value)
+    text = re.sub(r"\s*\n\s*", " ", text)        # one line: a grade report keeps a message's first line
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+# %% ../nbs/00_core.ipynb #3adf67e9
+def _equal(got, expected) -> bool:
+    """fastcore's `equals` (what `test_eq` compares), except that values it cannot compare (arrays whose shapes do not
+    broadcast) are unequal rather than an error, and dicts of arrays compare value by value."""
+    from fastcore.imports import equals      # a development dependency, so imported only when a check runs
+    try:
+        return bool(equals(got, expected))
+    except (ValueError, TypeError):
+        if isinstance(got, dict) and isinstance(expected, dict):
+            return got.keys() == expected.keys() and all(_equal(got[k], expected[k]) for k in expected)
+        return False
+
+
+def _close(got, expected, eps: float) -> bool:
+    "fastcore's `is_close` (what `test_close` compares), except that values it cannot compare are not close."
+    from fastcore.test import is_close
+    try:
+        with np.errstate(all="ignore"):      # inf - inf is NaN, not close, and no warning on stderr
+            return bool(is_close(got, expected, eps))
+    except (ValueError, TypeError):
+        return False
+
+# %% ../nbs/00_core.ipynb #ae17f090
+def _note(got, expected, eps=None) -> str:
+    "For two numbers that failed a check: how far apart they are, or why NaN or infinity never passes."
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (got, expected)):
+        return ""
+    with np.errstate(all="ignore"):
+        off = abs(float(got) - float(expected))
+    if off == off:
+        return f" (off by {off:.3g})" if eps is not None else ""
+    if got == expected:
+        return " (inf - inf is NaN, so equal infinities are never close)"
+    return " (NaN equals nothing, itself included: test `np.isnan` instead)" if eps is None else " (NaN is close to nothing)"
+
+
+def _is_array(value) -> bool:
+    "An array, or something that converts to one (a tensor), but not a string."
+    return isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not isinstance(value, (str, bytes, np.generic)))
+
+
+def _array_difference(got, expected, eps=None) -> str:
+    "Where arrays `got` and `expected` differ (`eps` None: equal; else within `eps`): their shapes, or the first element."
+    try:
+        g, e = np.asarray(got), np.asarray(expected)
+    except Exception:             # a tensor that needs grad, say: its rendering must do
+        return ""
+    dtypes = f"; dtype {g.dtype}, expected {e.dtype}" if _is_array(got) and _is_array(expected) and g.dtype != e.dtype else ""
+    try:
+        if eps is None and g.shape != e.shape:
+            raise ValueError("shapes differ")
+        with np.errstate(all="ignore"):
+            off = ~(np.abs(g - e) < eps) if eps is not None else ~(g == e)
+        off = np.broadcast_to(off, np.broadcast_shapes(g.shape, e.shape))
+        g, e = np.broadcast_to(g, off.shape), np.broadcast_to(e, off.shape)
+    except (ValueError, TypeError):
+        return f"shape {g.shape}, expected {e.shape}{dtypes}"
+    flat = np.flatnonzero(off)
+    if not len(flat):
+        return dtypes[2:]
+    first = tuple(int(i) for i in np.unravel_index(flat[0], off.shape))
+    return (f"{len(flat):,} of {off.size:,} elements differ, the first at {list(first)}: expected {_show(e[first], 30)}, "
+            f"got {_show(g[first], 30)}{_note(g[first], e[first], eps)}{dtypes}")
+
+# %% ../nbs/00_core.ipynb #555d6360
+def _first_difference(got, expected, eps=None, path: str = "") -> str:
+    "Where `got` first differs from `expected` (`eps` None: equal; else within `eps`), in a few words; '' if nowhere finer."
+    at = f"at {path}: " if path else ""
+    same = _equal if eps is None else (lambda g, e: _close(g, e, eps))
+    if _is_array(got) or _is_array(expected):
+        return at + _array_difference(got, expected, eps)
+    if eps is None and isinstance(got, dict) and isinstance(expected, dict):
+        missing, extra = [k for k in expected if k not in got], [k for k in got if k not in expected]
+        if missing or extra:
+            return f"{at}keys missing {_show(missing, 40)}, unexpected {_show(extra, 40)}"
+        pairs = [(f"[{k!r}]", got[k], expected[k]) for k in expected]
+    elif isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple)):
+        if eps is None and len(got) != len(expected):
+            return f"{at}length {len(got)}, expected {len(expected)}"
+        pairs = [(f"[{i}]", g, e) for i, (g, e) in enumerate(zip(got, expected))]
+    elif isinstance(got, str) and isinstance(expected, str):
+        i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        return f"{at}first difference at character {i}: expected {expected[i:i + 20]!r}, got {got[i:i + 20]!r}"
+    else:
+        return f"{at}expected {_show(expected, 40)}, got {_show(got, 40)}" if path else ""
+    for where, g, e in pairs:
+        if not same(g, e):
+            return _first_difference(g, e, eps, path + where)
+    return ""
+
+# %% ../nbs/00_core.ipynb #db3dc40b
+def _failure(got, expected, eps=None) -> str:
+    "The message of a failed check: both values, named, then where they differ when the values shown do not say."
+    within = "" if eps is None else f" within {eps:g}"
+    message = f"expected {_show(expected)}{within}, got {_show(got)}"
+    if all(isinstance(v, numbers.Real) for v in (got, expected)):
+        return message + _note(got, expected, eps)
+    if _is_array(got) or _is_array(expected) or "…" in message or "..." in message:
+        detail = _first_difference(got, expected, eps)
+        message += f"; {detail}" if detail else ""
+    return message
+
+# %% ../nbs/00_core.ipynb #9f944299
+def test_eq(got, expected) -> None:
+    "Check that `got` equals `expected` (fastcore's `test_eq`: arrays, tensors, nested lists, dicts); else say both."
+    if not _equal(got, expected):
+        raise AssertionError(_failure(got, expected))
+    _count_pass()
+
+# %% ../nbs/00_core.ipynb #26fa3d9d
+def test_close(got, expected, eps: float = 1e-5) -> None:
+    "Check that `got` is within `eps` of `expected`, element by element (fastcore's `test_close`); else say both and how far."
+    if not _close(got, expected, eps):
+        raise AssertionError(_failure(got, expected, eps))
+    _count_pass()
+
+# %% ../nbs/00_core.ipynb #477d57f3
+def test_fail(f, msg: str = "", contains: str = "", exc=Exception, args=None, kwargs=None) -> None:
+    "fastcore's `test_fail`: `f(*args, **kwargs)` must raise `exc`, with `contains` in its message; else say what happened."
+    try:
+        expect_error(lambda: f(*(args or ()), **(kwargs or {})), exc, contains or None)
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}{f' ({msg})' if msg else ''}") from None
 
 # %% ../nbs/00_core.ipynb #eb75b8bd
 DEFAULT_DTYPE = np.dtype(np.float32)

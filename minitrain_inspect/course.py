@@ -404,7 +404,8 @@ prose before each one says what to build (TODO), how (APPROACH) and what to watc
 ## Work through a notebook
 
 1. Read the prose, then write your code in place of the `raise NotImplementedError(...)` line.
-2. Run the cells that follow it: they test your code, and say what they expected and what they got.
+2. Run the cells that follow it: they test your code. A check that fails says what it expected and what it got;
+   a test cell whose checks all pass ends with one line, such as `✓ 3 checks passed`.
 3. Move on when they pass. Run the whole notebook top to bottom before you hand it in
    (Kernel > Restart Kernel and Run All Cells).
 
@@ -615,7 +616,7 @@ def harness_describe(exc, source: str, index: int) -> str:
     import traceback
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     message = lines[0] if lines else ""
-    if message in ("==:", "close:") and len(lines) == 3:   # fastcore's test_eq(got, expected): '==:', then both values
+    if message in ("==:", "close:") and len(lines) == 3:   # fastcore's test_eq(got, expected), in an older hand-in
         message = f"expected {'' if message == '==:' else 'close to '}{lines[2]}, got {lines[1]}"
     elif message.endswith(":") and len(lines) > 1:
         message = " ".join(lines[:3])
@@ -668,7 +669,7 @@ def harness_park(go) -> None:
 
 # %% ../nbs/16_course.ipynb #efe2b83a
 def harness_overlay(imported: dict) -> dict:
-    "The trusted objects a graded cell's names are bound to: the test helpers, `np`, `numpy`, `math`."
+    "The trusted objects a graded cell's names are bound to: the test helpers (the course's before fastcore's), `np`, `math`."
     import math
     overlay = {"math": math}
     if "numpy" in imported:
@@ -677,8 +678,8 @@ def harness_overlay(imported: dict) -> dict:
         test = imported["fastcore.test"]
         overlay.update({k: getattr(test, k) for k in test.__all__ if hasattr(test, k)})
     core = imported.get("minitrain_inspect.core")
-    if core is not None and hasattr(core, "expect_error"):
-        overlay["expect_error"] = core.expect_error
+    if core is not None:
+        overlay.update({k: getattr(core, k) for k in ("expect_error", "test_eq", "test_close", "test_fail") if hasattr(core, k)})
     return overlay
 
 # %% ../nbs/16_course.ipynb #227bdf81

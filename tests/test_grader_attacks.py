@@ -138,6 +138,10 @@ for fd in range(3, 256):
     "numpy patched": WRONG_ANSWER + "import numpy\nnumpy.allclose = lambda *a, **k: True\nnumpy.isclose = lambda *a, **k: True",
     "the helper's code replaced": WRONG_ANSWER + "import fastcore.test\nfastcore.test.test_close.__code__ = (lambda *a, **k: None).__code__",
     "the helper's defaults widened": WRONG_ANSWER + "import fastcore.test\nfastcore.test.test_close.__defaults__ = (1e300,)",
+    "the course's helper patched on its module": WRONG_ANSWER + "import minitrain_inspect.core as c\nc.test_close = lambda *a, **k: None\nfrom minitrain_inspect.core import test_close",
+    "the course's comparison patched": WRONG_ANSWER + "import minitrain_inspect.core as c\nc._close = lambda *a, **k: True",
+    "the course's helper's code replaced": WRONG_ANSWER + "import minitrain_inspect.core as c\nc.test_close.__code__ = (lambda *a, **k: None).__code__",
+    "the course's helper's defaults widened": WRONG_ANSWER + "import minitrain_inspect.core as c\nc.test_close.__defaults__ = (1e300,)",
     "tampering from inside the student's function": """
 import numpy as np, fastcore.test
 class SoftmaxCrossEntropy:
@@ -232,6 +236,14 @@ def test_tampering_is_reported_with_its_reason(course):
     report = _grade_with(course, "import fastcore.test\nfastcore.test.test_close = lambda *a, **k: None")
     messages = {e.message for e in report.exercises}
     assert messages == {"tampering detected: fastcore.test.test_close was replaced"}, messages
+
+
+@needs_room
+def test_tampering_with_the_course_checks_is_reported(course):
+    "The course's own checks (minitrain_inspect.core), which the notebooks import now, are trusted the same way."
+    report = _grade_with(course, "import minitrain_inspect.core as c\nc.test_close = lambda *a, **k: None")
+    messages = {e.message for e in report.exercises}
+    assert messages == {"tampering detected: minitrain_inspect.core.test_close was replaced"}, messages
 
 
 @needs_room
