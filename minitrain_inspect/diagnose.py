@@ -1214,6 +1214,7 @@ class TorchProber:
     deferred = True      # no host sync inside a step: losses are read at the next diagnosis
 
     def plan(self, model) -> TorchProbePlan:
+        "What the probe needs to know about `model`, found once."
         return TorchProbePlan.of(model)
 
     def check_batch(self, inputs, targets) -> tuple:
@@ -1234,21 +1235,26 @@ class TorchProber:
         return _torch_probe_measure(plan, inputs, *_torch_probe_pass(model, inputs, targets, loss_fn, plan))
 
     def check_loop(self, optimizer, loss_fn) -> None:
+        "Refuse, naming them, an optimiser or a loss that a plain PyTorch loop cannot be watched through."
         torch = require_torch()
         if not isinstance(optimizer, torch.optim.Optimizer) or not is_torch_module(loss_fn):
             raise TypeError(f"attach needs a torch.optim.Optimizer and a loss nn.Module, got {type(optimizer).__name__} "
                             f"and {type(loss_fn).__name__}")
 
     def probe_loss(self, loss_fn):
-        return loss_fn          # with its own settings; its hooks are paused during the probe
+        "The probe's loss: the loop's own loss module, with its settings (its hooks are paused during the probe)."
+        return loss_fn
 
     def hook_loss(self, loss_fn, hook):
+        "Hear each loss `loss_fn` computes, `hook(module, args, kwargs, output)`; its handle, or None for a function."
         return loss_fn.register_forward_hook(hook, with_kwargs=True) if is_torch_module(loss_fn) else None
 
     def loss_value(self, output):
+        "The loss, kept as a detached device tensor: reading it now would be a host sync."
         return output.detach()
 
     def held_out(self, model, loss_module) -> bool:
+        "True for a held-out evaluation: the model is in eval mode (a loss module's mode rarely follows it)."
         return not model.training
 
     def host(self, values: list) -> list:
