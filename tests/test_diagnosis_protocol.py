@@ -383,3 +383,23 @@ def test_the_diagnosis_imports_and_works_without_torch():
             "print(diagnose(m, d.val.inputs[:16], d.val.targets[:16]).verdict)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "trustworthy", out.stderr[-2000:]
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "residual", "frozen", "transformer"])
+def test_the_torch_probe_on_every_model_of_the_issue(kind):
+    "The models of 14a_torch's tests: in-place ReLU after BatchNorm, a module called twice, frozen layers, attention."
+    from test_torch_inspect import MODELS, batches
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    (x, y), = batches(1, size=16)
+    before = torch_state(model)
+    report = diagnose(model, x, y)
+    assert same_state(before, torch_state(model))
+    assert report.verdict != "failing", report.reasons
+    pr = prober_for(model).probe(model, x, y)
+    assert pr.nonfinite == 0 and all(math.isfinite(g) for g in pr.grad_norms.values())
+    learning = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(pr.grad_norms) == learning, "every parameter that learns, and only those"
+    if kind == "residual":
+        assert [n for n, _ in pr.hidden] == ["input", "act", "act (call 2)", "act (call 3)"]
