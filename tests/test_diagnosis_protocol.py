@@ -403,3 +403,21 @@ def test_the_torch_probe_on_every_model_of_the_issue(kind):
     assert set(pr.grad_norms) == learning, "every parameter that learns, and only those"
     if kind == "residual":
         assert [n for n, _ in pr.hidden] == ["input", "act", "act (call 2)", "act (call 3)"]
+
+
+@needs_torch
+@pytest.mark.parametrize("lr, verdict", [(1e-2, "trustworthy"), (1e-7, "warning")])
+def test_the_update_ratio_is_read_from_the_torch_inspectors_history(lr, verdict):
+    "Ratios recorded every step by the PyTorch Inspector, flushed every 10: a learning rate of 1e-7 moves weights ~1e-6 of their size."
+    model, (x, y) = torch_model(), torch_toy(0)
+    loss_fn, opt = nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=lr)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"updates": 1}).attach() as insp:
+        with Diagnoser(every=20, history=insp.history).attach(model, opt, loss_fn, x[:64], y[:64]) as d:
+            for step in range(41):
+                i = (step * 32) % 256
+                opt.zero_grad()
+                loss_fn(model(x[i:i + 32]), y[i:i + 32]).backward()
+                opt.step()
+    ratio = next(c for c in d.reports[-1].checks if c.name == "update_ratio")
+    assert [r.step for r in d.reports] == [0, 20, 40] and math.isfinite(ratio.value), ratio
+    assert d.verdict == verdict and ratio.fired == (verdict == "warning"), (d.verdict, d.reasons)
