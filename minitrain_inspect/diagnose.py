@@ -5,8 +5,10 @@
 # %% ../nbs/15_diagnose.ipynb #a9a02cd4
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -27,15 +29,18 @@ from .stats import atomic_write_text, check_int, to_jsonable
 from .optim import Optimizer
 from .train import RunContext, RunControl, TrainConfig, TrainResult, blas_threads, evaluating, run_data
 from .train import train as _train
+from .torch_inspect import first_tensor, is_torch_module, to_host, torch_activation_kind, torch_unit_health
+from .twin import require_torch
 
 # %% auto #0
-__all__ = ['CHECKS', 'WARNING_CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'TYPICAL_RATIO', 'LOWER_IS_WORSE',
-           'DiagnosticThresholds', 'CheckResult', 'DiagnosticReport', 'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan',
-           'loss_input', 'probe', 'check_growth', 'check_gradients', 'history_nonfinite', 'check_nonfinite',
-           'check_dead_units', 'check_loss_spike', 'check_no_learning', 'check_overfitting', 'check_update_ratio',
-           'BaselineThresholds', 'check_frozen_baseline', 'diagnose', 'Diagnoser', 'train', 'Sabotage',
-           'shuffled_labels', 'GalleryRun', 'gallery', 'run_gallery_entry', 'run_gallery', 'gallery_table',
-           'healthy_margins', 'gallery_summary', 'diagnosis_cost', 'cost_lines']
+__all__ = ['CHECKS', 'WARNING_CHECKS', 'NONFINITE_JSON', 'NONFINITE_PANELS', 'TYPICAL_RATIO', 'PROBERS', 'MINITRAIN_PROBER',
+           'LOWER_IS_WORSE', 'TORCH_HOOK_TABLES', 'DiagnosticThresholds', 'CheckResult', 'DiagnosticReport',
+           'hooks_paused', 'trunk_of', 'Probe', 'ProbePlan', 'loss_input', 'probe', 'check_growth', 'check_gradients',
+           'history_nonfinite', 'check_nonfinite', 'check_dead_units', 'check_loss_spike', 'check_no_learning',
+           'check_overfitting', 'check_update_ratio', 'BaselineThresholds', 'check_frozen_baseline', 'MinitrainProber',
+           'register_prober', 'prober_for', 'diagnose', 'Diagnoser', 'train', 'Sabotage', 'shuffled_labels',
+           'GalleryRun', 'gallery', 'run_gallery_entry', 'run_gallery', 'gallery_table', 'healthy_margins',
+           'gallery_summary', 'diagnosis_cost', 'cost_lines', 'torch_hooks_paused', 'TorchProbePlan', 'TorchProber']
 
 # %% ../nbs/15_diagnose.ipynb #97945d7c
 @dataclass(frozen=True)
@@ -541,6 +546,72 @@ def _checked_batch(inputs, targets) -> tuple[np.ndarray, np.ndarray]:
                          f"{inputs.shape} inputs and {targets.shape} targets")
     return inputs, targets
 
+# %% ../nbs/15_diagnose.ipynb #4681db17
+class MinitrainProber:
+    "What `diagnose` and the `Diagnoser` need that depends on the framework, for a minitrain model: the functions of §3."
+
+    deferred = False        # a loss is a host float already: read as it comes
+
+    def plan(self, model: Module) -> ProbePlan:
+        "What the probe needs to know about `model`, found once."
+        return ProbePlan.of(model)
+
+    def check_batch(self, inputs, targets) -> tuple:
+        "The evaluation batch as arrays, checked."
+        return _checked_batch(inputs, targets)
+
+    def probe(self, model: Module, inputs, targets, *, loss_fn=None, plan=None, threads: int = 1) -> Probe:
+        "`probe`, above."
+        return probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
+
+    def check_loop(self, optimizer, loss_fn) -> None:
+        "Refuse, naming them, an optimiser or a loss that a plain minitrain loop cannot be watched through."
+        if not isinstance(optimizer, Optimizer) or not isinstance(loss_fn, Module):
+            raise TypeError(f"attach needs an Optimizer and a loss Module, got {type(optimizer).__name__} and "
+                            f"{type(loss_fn).__name__}")
+
+    def probe_loss(self, loss_fn: Module) -> Module:
+        "The probe's loss: a fresh instance of the loop's loss class, so that no hook on the loop's loss hears the probe."
+        return type(loss_fn)()
+
+    def hook_loss(self, loss_fn, hook):
+        "Hear each loss `loss_fn` computes, `hook(module, args, kwargs, output)`; its handle, or None for a loss without hooks."
+        return loss_fn.register_forward_hook(hook) if isinstance(loss_fn, Module) else None
+
+    def loss_value(self, output) -> float:
+        "The number a loss module's output gives."
+        return float(output.loss)
+
+    def held_out(self, model, loss_module) -> bool:
+        "True for a held-out evaluation: the loss module is in eval mode."
+        return not loss_module.training
+
+    def host(self, values: list) -> list:
+        "Kept values as host floats."
+        return [float(v) for v in values]
+
+# %% ../nbs/15_diagnose.ipynb #1a579cc9
+PROBERS: dict[str, tuple] = {}      # framework -> (claims(model), prober); §8 registers PyTorch's
+MINITRAIN_PROBER = MinitrainProber()
+
+
+def register_prober(framework: str, claims, prober) -> None:
+    "Make `diagnose` and the `Diagnoser` probe every model `claims(model)` accepts with `prober` (`MinitrainProber`'s interface)."
+    if not isinstance(framework, str) or not framework:
+        raise TypeError(f"a prober's framework is a non-empty str, got {framework!r}")
+    if not callable(claims):
+        raise TypeError(f"claims must be callable, got {type(claims).__name__}")
+    PROBERS[framework] = (claims, prober)       # the same name again replaces it
+
+
+def prober_for(model):
+    "The prober registered for `model`'s framework; the minitrain one for a minitrain model, or a model nothing claims."
+    if not isinstance(model, Module):
+        for claims, prober in PROBERS.values():
+            if claims(model):
+                return prober
+    return MINITRAIN_PROBER
+
 # %% ../nbs/15_diagnose.ipynb #24d8a3ec
 def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: int = 0, losses: Sequence[float] | None = None,
              new: int | None = None, start_eval_loss: float = math.nan, history=None, since: int = 0,
@@ -550,17 +621,18 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
              frozen_baseline_acc: float = math.nan) -> DiagnosticReport:
     """Run the protocol on the fixed batch `inputs`/`targets`, the losses so far and the held-out evaluations so far
     (`(position, loss)`, see `check_overfitting`); returns a `DiagnosticReport`. The probe runs under `threads` BLAS
-    threads."""
+    threads. A PyTorch model is probed by the prober of §8."""
     start = clock()
     th = _checked_thresholds(thresholds)
-    plan = ProbePlan.of(model) if plan is None else plan
+    prober = prober_for(model)
+    plan = prober.plan(model) if plan is None else plan
     step = check_int(step, "step", 0)
-    inputs, targets = _checked_batch(inputs, targets)
+    inputs, targets = prober.check_batch(inputs, targets)
     if losses is None:
         losses = list(history.get("loss/train")[1]) if history is not None else []
     losses = [float(x) for x in losses]
     new = len(losses) if new is None else check_int(new, "new", 0, len(losses))
-    pr = probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
+    pr = prober.probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
     checks = [check_growth(pr, th), *check_gradients(pr, th),
               check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
@@ -643,21 +715,36 @@ class _DiagnoserRun(_DiagnoserState):
         self.every = self.every_given or getattr(run.config, "diagnose_every", None)
         self.active, self.stopped_at = True, None
         self.inputs, self.targets = inputs, targets
-        self.run, self.plan, self.loss_fn = run, ProbePlan.of(run.model), probe_loss
+        self._prober = prober_for(run.model)
+        self.run, self.plan, self.loss_fn = run, self._prober.plan(run.model), probe_loss
         self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
         self.held_out, self._step_losses, self._plain = [], [], False
-        if isinstance(run.loss_fn, Module):
-            self._handles.append(run.loss_fn.register_forward_hook(self._hear_loss))
+        self._pending, self._pending_held = [], []      # losses not yet read (a PyTorch loop's: device tensors)
+        handle = self._prober.hook_loss(run.loss_fn, self._hear_loss)
+        if handle is not None:
+            self._handles.append(handle)
 
     def _hear_loss(self, module, args, kwargs, out) -> None:
         "Loss hook: a loss computed in eval mode is a held-out evaluation; on a plain loop, a training loss too."
-        if not module.training:
-            self.held_out.append((len(self.losses), float(out.loss)))
+        value = self._prober.loss_value(out)
+        if self._prober.held_out(self.run.model, module):
+            at = len(self.losses) + len(self._pending)
+            (self._pending_held if self._prober.deferred else self.held_out).append((at, value))
         elif self._plain:
-            self._step_losses.append(float(out.loss))
+            self._step_losses.append(value)
+
+    def _settle(self) -> None:
+        "Read the losses kept since the last diagnosis, in one transfer: each step's mean, and the held-out ones."
+        steps, held = self._pending, self._pending_held
+        if steps or held:
+            values = iter(self._prober.host([v for losses in steps for v in losses] + [v for _, v in held]))
+            self.losses += [sum(next(values) for _ in losses) / len(losses) for losses in steps]
+            self.held_out += [(at, next(values)) for at, _ in held]
+            self._pending, self._pending_held = [], []
 
     def _diagnose_now(self, step: int) -> DiagnosticReport:
         "Diagnose the model after `step` updates, report to the run's control, and ask it to stop if so configured."
+        self._settle()
         if self.reports and self.reports[-1].step == step:      # same model, more losses: one report per step
             self.reports.pop()
             self.last_step = self.reports[-1].step if self.reports else -1
@@ -713,15 +800,14 @@ class _DiagnoserLoop(_DiagnoserSchedule):
                early_stop: bool = True, threads: int = 1):
         """Watch a plain loop: diagnose `model` on the fixed batch `inputs`/`targets` every `every` optimiser steps,
         hearing the losses of `loss_fn`. Returns self; `with diagnoser.attach(...):` detaches at the end."""
-        if not isinstance(optimizer, Optimizer) or not isinstance(loss_fn, Module):
-            raise TypeError(f"attach needs an Optimizer and a loss Module, got {type(optimizer).__name__} and "
-                            f"{type(loss_fn).__name__}")
+        prober = prober_for(model)
+        prober.check_loop(optimizer, loss_fn)
         if self.every_given is None:
             raise ValueError("a Diagnoser on a plain loop needs every=N, for example Diagnoser(every=50)")
         config = SimpleNamespace(steps=math.inf, seed=0, diagnose_every=self.every_given, early_stop=bool(early_stop),
                                  blas_threads=check_int(threads, "threads", 1))
         self._start(RunContext(model, optimizer, loss_fn, config, None, RunControl()),
-                    *_checked_batch(inputs, targets), type(loss_fn)())
+                    *prober.check_batch(inputs, targets), prober.probe_loss(loss_fn))
         self.step, self._plain = 0, True
         self._handles += [optimizer.register_step_pre_hook(self._before_update),
                           optimizer.register_step_post_hook(self._after_update)]
@@ -732,7 +818,10 @@ class _DiagnoserLoop(_DiagnoserSchedule):
 
     def _after_update(self, optimizer, args, kwargs) -> None:
         losses, self._step_losses = self._step_losses or [math.nan], []
-        self.after_step(self.step, sum(losses) / len(losses))
+        if self._prober.deferred:       # device tensors: read at the next diagnosis, all in one transfer
+            self._pending.append(losses)
+        else:
+            self.after_step(self.step, sum(losses) / len(losses))
         self.step += 1
 
     def detach(self) -> None:
@@ -752,6 +841,8 @@ class Diagnoser(_DiagnoserLoop):
     def end_run(self) -> None:
         "Observer hook: the run is over (the Diagnoser may watch another); store the summary in the Inspector's history."
         self.active = False
+        if self.run is not None:
+            self._settle()          # the losses still kept on a device
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -1025,3 +1116,151 @@ def cost_lines(cost: dict) -> list:
             f"(spread {100 * share['min']:.2f}-{100 * share['max']:.2f}%)",
             f"interleaved whole runs ({cost['steps']} steps): {100 * ov['median']:+.2f}% "
             f"(spread {100 * ov['min']:+.2f} to {100 * ov['max']:+.2f}%)"]
+
+# %% ../nbs/15_diagnose.ipynb #ad9d5105
+TORCH_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextlib.contextmanager
+def torch_hooks_paused(modules: list):
+    "Pause the forward and backward hooks of every `nn.Module` in `modules` for the body; restore them after, also on error."
+    saved = [(m, attr, m.__dict__[attr]) for m in modules for attr in TORCH_HOOK_TABLES]
+    for m, attr, _ in saved:
+        m.__dict__[attr] = collections.OrderedDict()
+    try:
+        yield
+    finally:
+        for m, attr, table in saved:
+            m.__dict__[attr] = table
+
+# %% ../nbs/15_diagnose.ipynb #112d35ae
+class TorchProbePlan(NamedTuple):
+    "What the PyTorch probe needs to know about a model, found once."
+    acts: list          # (name, module, kind): ReLU-like ('relu'), Tanh and Sigmoid modules
+    weights: list       # (name of its weight, module) for each module whose own weight has 2+ dimensions and learns
+    params: list        # (name, parameter) of every parameter that learns
+    modules: list       # every module of the model
+
+    @classmethod
+    def of(cls, model) -> "TorchProbePlan":
+        "The plan of the `nn.Module` `model`."
+        if not is_torch_module(model):
+            raise TypeError(f"the PyTorch probe needs a torch.nn.Module, got {type(model).__name__}")
+        named = list(model.named_modules())
+        acts = [(n or type(m).__name__, m, torch_activation_kind(m)) for n, m in named if torch_activation_kind(m)]
+        weights = [(f"{n}.weight" if n else "weight", m) for n, m in named
+                   if (w := m._parameters.get("weight")) is not None and w.dim() >= 2 and w.requires_grad]
+        if not weights:
+            raise ValueError(f"diagnose needs a layer with a weight matrix that learns (Linear, Conv...), and "
+                             f"{type(model).__name__} has none")
+        return cls(acts, weights, [(n, p) for n, p in model.named_parameters() if p.requires_grad], [m for _, m in named])
+
+# %% ../nbs/15_diagnose.ipynb #39d9f584
+def _torch_seen(seen: list, name: str, kind: str, module, args, output) -> None:
+    "The probe's forward hook: (name, label, kind, norm, stuck share, non-finite count) of an activation's output, as device tensors."
+    torch, x = require_torch(), first_tensor(output)
+    if x is not None:
+        calls = sum(1 for s in seen if s[0] == name)
+        x64 = x.detach().to(torch.float64)
+        seen.append((name, name if not calls else f"{name} (call {calls + 1})", kind, torch.linalg.vector_norm(x64),
+                     torch_unit_health(x, kind)[0], (~torch.isfinite(x64)).sum()))
+
+
+def _torch_probe_pass(model, inputs, targets, loss_fn, plan: TorchProbePlan) -> tuple:
+    "One forward and backward pass in eval mode, hooks paused, generators forked: `(seen, called, logits, loss, grads)`."
+    torch = require_torch()
+    seen, called, handles, modes = [], [], [], [(m, m.training) for m in plan.modules]
+    losses = list(loss_fn.modules()) if is_torch_module(loss_fn) else []
+    devices = sorted({p.device.index or 0 for _, p in plan.params if p.device.type == "cuda"})
+    with torch_hooks_paused(plan.modules + losses), torch.random.fork_rng(devices=devices), torch.enable_grad():
+        try:
+            model.eval()
+            for name, module, kind in plan.acts:
+                handles.append(module.register_forward_hook(functools.partial(_torch_seen, seen, name, kind)))
+            for name, module in plan.weights:
+                handles.append(module.register_forward_hook(lambda m, a, o, name=name: called.append(name)))
+            logits = first_tensor(model(inputs))
+            loss = loss_fn(logits, targets)
+            loss = loss.mean() if loss.dim() else loss          # reduction='none': the batch's mean
+            grads = torch.autograd.grad(loss, [p for _, p in plan.params], allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+            for module, mode in modes:
+                module.training = mode           # each module's own mode, not model.train()'s one for all
+    return seen, called, logits.detach(), loss.detach(), dict(zip((n for n, _ in plan.params), grads))
+
+# %% ../nbs/15_diagnose.ipynb #b3e62da5
+def _torch_probe_measure(plan: TorchProbePlan, inputs, seen: list, called: list, logits, loss, grads: dict) -> Probe:
+    "The `Probe` of a PyTorch pass: RMS norms per example, stuck units, gradient norms, non-finite count, loss; one transfer."
+    torch = require_torch()
+    norm, bad = (lambda t: torch.linalg.vector_norm(t.detach().to(torch.float64))), (lambda t: (~torch.isfinite(t)).sum())
+    hidden = ([("input", norm(inputs))] if inputs.is_floating_point() else []) + [(s[1], s[3]) for s in seen]
+    present = {name: g for name, g in grads.items() if g is not None}      # None: the loss does not depend on it
+    counts = [s[5] for s in seen] + [bad(logits), bad(loss)] + [bad(g) for g in present.values()]
+    flat = [v for _, v in hidden] + [s[4] for s in seen] + [norm(g) for g in present.values()] + \
+           [torch.stack(counts).sum(), loss.to(torch.float64)]
+    numbers = iter(to_host(flat))
+    rms = [(label, next(numbers) / math.sqrt(len(inputs))) for label, _ in hidden]
+    stuck = [(s[1], s[2], next(numbers)) for s in seen]
+    grad_norms = {name: next(numbers) if name in present else 0.0 for name in grads}
+    order = called or [name for name, _ in plan.weights]      # no weight layer called as a module: registration order
+    return Probe(rms, stuck, grad_norms, (grad_norms[order[0]], grad_norms[order[-1]]), int(next(numbers)), next(numbers))
+
+# %% ../nbs/15_diagnose.ipynb #63640200
+class TorchProber:
+    "The prober for `nn.Module` models: the probe above, and a plain loop's losses kept as device tensors until a diagnosis."
+
+    deferred = True      # no host sync inside a step: losses are read at the next diagnosis
+
+    def plan(self, model) -> TorchProbePlan:
+        "What the probe needs to know about `model`, found once."
+        return TorchProbePlan.of(model)
+
+    def check_batch(self, inputs, targets) -> tuple:
+        "The evaluation batch as tensors (a NumPy array is wrapped), as many targets as inputs, at least one."
+        torch = require_torch()
+        inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
+        if inputs.dim() < 1 or len(inputs) == 0 or targets.dim() < 1 or len(inputs) != len(targets):
+            raise ValueError(f"the evaluation batch needs as many targets as inputs, and at least one, got "
+                             f"{tuple(inputs.shape)} inputs and {tuple(targets.shape)} targets")
+        return inputs, targets
+
+    def probe(self, model, inputs, targets, *, loss_fn=None, plan=None, threads: int = 1) -> Probe:
+        "The PyTorch probe; `threads` (minitrain's BLAS threads) is not used: PyTorch keeps its own setting."
+        torch = require_torch()
+        plan = TorchProbePlan.of(model) if plan is None else plan
+        if loss_fn is None:
+            loss_fn = torch.nn.MSELoss() if targets.is_floating_point() else torch.nn.CrossEntropyLoss()
+        return _torch_probe_measure(plan, inputs, *_torch_probe_pass(model, inputs, targets, loss_fn, plan))
+
+    def check_loop(self, optimizer, loss_fn) -> None:
+        "Refuse, naming them, an optimiser or a loss that a plain PyTorch loop cannot be watched through."
+        torch = require_torch()
+        if not isinstance(optimizer, torch.optim.Optimizer) or not is_torch_module(loss_fn):
+            raise TypeError(f"attach needs a torch.optim.Optimizer and a loss nn.Module, got {type(optimizer).__name__} "
+                            f"and {type(loss_fn).__name__}")
+
+    def probe_loss(self, loss_fn):
+        "The probe's loss: the loop's own loss module, with its settings (its hooks are paused during the probe)."
+        return loss_fn
+
+    def hook_loss(self, loss_fn, hook):
+        "Hear each loss `loss_fn` computes, `hook(module, args, kwargs, output)`; its handle, or None for a function."
+        return loss_fn.register_forward_hook(hook, with_kwargs=True) if is_torch_module(loss_fn) else None
+
+    def loss_value(self, output):
+        "The loss, kept as a detached device tensor: reading it now would be a host sync."
+        return output.detach()
+
+    def held_out(self, model, loss_module) -> bool:
+        "True for a held-out evaluation: the model is in eval mode (a loss module's mode rarely follows it)."
+        return not model.training
+
+    def host(self, values: list) -> list:
+        "Each kept loss's mean (a `reduction='none'` loss is a vector), in one transfer."
+        torch = require_torch()
+        return to_host([v.detach().to(torch.float64).mean() if isinstance(v, torch.Tensor) else float(v) for v in values])
+
+
+register_prober("torch", is_torch_module, TorchProber())

@@ -1,12 +1,16 @@
 """Issue 21 §2 and §3: the warning verdict (overfitting) and the Diagnoser on a plain training loop."""
+import copy
 import hashlib
+import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from minitrain_inspect.core import Sequential
 from minitrain_inspect.dashboard import NOT_DIAGNOSED, render_dashboard, verdict_lines
-from minitrain_inspect.diagnose import Diagnoser, DiagnosticThresholds, check_overfitting, train
+from minitrain_inspect.diagnose import Diagnoser, DiagnosticThresholds, check_overfitting, diagnose, prober_for, train
 from minitrain_inspect.inspect import Inspector
 from minitrain_inspect.layers import Linear, ReLU
 from minitrain_inspect.losses import MeanSquaredError, SoftmaxCrossEntropy
@@ -169,3 +173,251 @@ def test_the_probe_leaves_dropout_rng_grads_and_modes_as_it_found_them():
 
     plain, watched = loop(None), loop(Diagnoser(every=5))
     assert plain == watched
+
+
+# --- Issue 25: the same diagnosis on a PyTorch model and a plain PyTorch loop ----------------------------------------
+try:
+    import torch
+    from torch import nn
+    torch.set_num_threads(1)    # 2 shared cores: more threads only contend (conventions: one thread at this size)
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+
+
+def torch_toy(seed=0, n=256):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 10, generator=g)
+    return x, (x[:, 0] + x[:, 1] > 0).long()
+
+
+def torch_model(seed=0):
+    "BatchNorm (running statistics, a batch count) and Dropout (the global generator): what a careless probe would move."
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 16),
+                         nn.Tanh(), nn.Linear(16, 2))
+
+
+def torch_state(model):
+    return ([t.clone() for t in model.state_dict().values()], torch.get_rng_state(), [m.training for m in model.modules()],
+            [None if p.grad is None else p.grad.clone() for p in model.parameters()])
+
+
+def same_state(a, b):
+    tensors = lambda s: [*s[0], s[1], *[g for g in s[3] if g is not None]]
+    return all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b))) and a[2] == b[2] and \
+        [g is None for g in a[3]] == [g is None for g in b[3]]
+
+
+def torch_loop(lr=1e-2, diagnoser=None, inspector=False, steps=60, opt_name="adam", stop=True):
+    model, (x, y), (xv, yv) = torch_model(), torch_toy(0), torch_toy(1, 64)
+    loss_fn = nn.CrossEntropyLoss()
+    opt = (torch.optim.Adam(model.parameters(), lr=lr) if opt_name == "adam" else
+           torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn).attach() if inspector else None
+    if diagnoser is not None:
+        diagnoser.history = insp.history if insp else None
+        diagnoser.attach(model, opt, loss_fn, xv, yv)
+    ran = 0
+    for step in range(steps):
+        i = (step * 32) % 256
+        opt.zero_grad()
+        loss_fn(model(x[i:i + 32]), y[i:i + 32]).backward()
+        opt.step()
+        ran += 1
+        if step % 25 == 24:
+            model.eval()
+            with torch.no_grad():
+                loss_fn(model(xv), yv)           # a held-out evaluation, heard by the Diagnoser
+            model.train()
+        if stop and diagnoser is not None and diagnoser.should_stop:
+            break
+    if diagnoser is not None:
+        diagnoser.detach()
+    if insp:
+        insp.remove_all()
+    return torch_state(model), ran, insp
+
+
+@needs_torch
+def test_the_torch_probe_leaves_the_model_as_it_found_it():
+    model, (x, y) = torch_model(), torch_toy(1, 64)
+    nn.CrossEntropyLoss()(model(x), y).backward()        # the gradients of a training step, to be left alone
+    model[3].eval()                                       # modes differ between modules: each one's is put back
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = Inspector(model, optimizer=opt, loss_fn=loss_fn).attach()
+    before = torch_state(model)
+    report = diagnose(model, x, y, loss_fn=loss_fn)
+    assert report.verdict == "trustworthy", report.reasons
+    assert same_state(before, torch_state(model)), "parameters, buffers, generator, modes or gradients changed"
+    insp.flush()
+    assert insp._fired == {} and insp.history.get("loss/val")[0].size == 0, "the Inspector heard the probe"
+    insp.remove_all()
+
+
+@needs_torch
+def test_the_torch_probe_measures_what_an_independent_pass_gives():
+    model, (x, y) = torch_model(), torch_toy(1, 64)
+    pr = prober_for(model).probe(model, x, y)
+    twin = copy.deepcopy(model).double().eval()
+    outputs = {}
+    for name in ("2", "5"):
+        twin[int(name)].register_forward_hook(lambda m, a, o, name=name: outputs.__setitem__(name, o))
+    loss = nn.CrossEntropyLoss()(twin(x.double()), y)
+    loss.backward()
+    # float64 twin against float32 probe, both summed in float64: the float32 forward's rounding (2^-24 per operation,
+    # a few dozen operations deep) bounds the difference, far below 1e-4 relative.
+    assert [n for n, _ in pr.hidden] == ["input", "2", "5"]
+    for name, rms in pr.hidden[1:]:
+        assert rms == pytest.approx(float(outputs[name].detach().norm() / math.sqrt(64)), rel=1e-4)
+    for name, p in twin.named_parameters():
+        assert pr.grad_norms[name] == pytest.approx(float(p.grad.norm()), rel=1e-4, abs=1e-9)
+    assert pr.first_last == (pr.grad_norms["0.weight"], pr.grad_norms["6.weight"])
+    assert pr.loss == pytest.approx(float(loss.detach()), rel=1e-5) and pr.nonfinite == 0
+    assert [(n, k) for n, k, _ in pr.stuck] == [("2", "relu"), ("5", "tanh")]
+
+
+@needs_torch
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("inspector", [False, True])
+def test_torch_training_is_bit_identical_with_and_without_the_diagnosis(opt_name, inspector):
+    plain = torch_loop(opt_name=opt_name, inspector=inspector)[0]
+    d = Diagnoser(every=5)
+    watched = torch_loop(opt_name=opt_name, inspector=inspector, diagnoser=d)[0]
+    assert len(d.reports) == 12, "diagnosed at steps 0, 5, ..., 55"
+    assert same_state(plain, watched), "the diagnosis changed the training (parameters, BatchNorm buffers or generator)"
+
+
+@needs_torch
+def test_a_healthy_torch_run_is_trustworthy_and_writes_its_verdict():
+    d = Diagnoser(every=10)
+    _, ran, insp = torch_loop(diagnoser=d, inspector=True)
+    assert d.verdict == "trustworthy" and ran == 60, d.reasons
+    assert [r.step for r in d.reports] == [0, 10, 20, 30, 40, 50]
+    assert len(d.losses) == 60 and all(math.isfinite(v) for v in d.losses), "every step's loss read, at the end too"
+    assert [at for at, _ in d.held_out] == [25, 50], "the two held-out evaluations, at their positions"
+    assert insp.history.meta["diagnosis"]["verdict"] == "trustworthy"
+    assert verdict_lines(insp.history)[0].startswith("HEALTHY")
+
+
+@needs_torch
+def test_a_failing_torch_run_stops_early():
+    d = Diagnoser(every=10)
+    _, ran, _ = torch_loop(lr=50.0, diagnoser=d, steps=200)
+    assert d.verdict == "failing" and d.should_stop and ran < 200, (d.verdict, ran)
+    assert ran == d.failing[0].step + 1, "the loop breaks right after the step whose diagnosis failed"
+
+
+@needs_torch
+def test_dead_relus_fail_at_the_first_diagnosis():
+    model, (x, y) = torch_model(), torch_toy(1, 64)
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)
+        model[1].bias.fill_(-10.0)           # after BatchNorm: every ReLU input below zero
+    report = diagnose(model, x, y)
+    assert report.verdict == "failing" and {"dead_units", "vanishing_gradient"} <= {c.name for c in report.fired}, \
+        report.reasons
+
+
+@needs_torch
+def test_a_nan_loss_on_a_torch_loop_is_seen_at_the_next_diagnosis():
+    model, (x, y) = torch_model(), torch_toy(0)
+    loss_fn, opt = nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.01)
+    with Diagnoser(every=5).attach(model, opt, loss_fn, x[:32], y[:32]) as d:
+        for step in range(20):
+            opt.zero_grad()
+            xb = x[:32].clone()
+            if step == 7:
+                xb[0, 0] = math.nan
+            loss_fn(model(xb), y[:32]).backward()
+            opt.step()
+            if d.should_stop:
+                break
+    assert d.failing[0].step == 10 and step == 10, "seen at the diagnosis of step 10; the loop breaks after that step"
+    assert "non_finite" in [c.name for c in d.failing[0].fired]
+
+
+@needs_torch
+def test_a_torch_loop_adds_no_host_sync_between_diagnoses():
+    from test_torch_inspect import HostCalls, ScalarReads
+
+    def counted(diagnoser):
+        model, (x, y) = torch_model(), torch_toy(0)
+        loss_fn, opt = nn.CrossEntropyLoss(reduction="none"), torch.optim.SGD(model.parameters(), lr=0.01)
+        if diagnoser is not None:
+            diagnoser.attach(model, opt, loss_fn, x[:32], y[:32])
+
+        def step(i):
+            opt.zero_grad()
+            loss_fn(model(x[i:i + 32]), y[i:i + 32]).mean().backward()
+            opt.step()
+        step(0)                                   # step 0: diagnosed
+        with HostCalls() as calls, ScalarReads() as reads:
+            for i in range(1, 10):                # steps 1 to 9: no diagnosis due
+                step(i)
+        return calls.count, reads.count
+
+    assert counted(Diagnoser(every=10)) == counted(None)
+
+
+@needs_torch
+def test_torch_attach_and_probe_refuse_what_they_cannot_use():
+    model, (x, y) = torch_model(), torch_toy(0, 8)
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        Diagnoser(every=5).attach(model, Adam([Linear(2, 2).weight], lr=1.0), nn.CrossEntropyLoss(), x, y)
+    with pytest.raises(ValueError, match="as many targets as inputs"):
+        diagnose(model, x, y[:3])
+    with pytest.raises(ValueError, match="weight matrix"):
+        diagnose(nn.Sequential(nn.ReLU()), x, y)
+
+
+def test_the_diagnosis_imports_and_works_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy as np\n"
+            "from minitrain_inspect.diagnose import diagnose, prober_for, MINITRAIN_PROBER\n"
+            "from minitrain_inspect.train import PastTenseModel\n"
+            "from minitrain_inspect.data import make_dataset\n"
+            "m, d = PastTenseModel(seed=0), make_dataset(0.2, seed=0)\n"
+            "assert prober_for(m) is MINITRAIN_PROBER and prober_for('x') is MINITRAIN_PROBER\n"
+            "print(diagnose(m, d.val.inputs[:16], d.val.targets[:16]).verdict)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "trustworthy", out.stderr[-2000:]
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "residual", "frozen", "transformer"])
+def test_the_torch_probe_on_every_model_of_the_issue(kind):
+    "The models of 14a_torch's tests: in-place ReLU after BatchNorm, a module called twice, frozen layers, attention."
+    from test_torch_inspect import MODELS, batches
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    (x, y), = batches(1, size=16)
+    before = torch_state(model)
+    report = diagnose(model, x, y)
+    assert same_state(before, torch_state(model))
+    assert report.verdict != "failing", report.reasons
+    pr = prober_for(model).probe(model, x, y)
+    assert pr.nonfinite == 0 and all(math.isfinite(g) for g in pr.grad_norms.values())
+    learning = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(pr.grad_norms) == learning, "every parameter that learns, and only those"
+    if kind == "residual":
+        assert [n for n, _ in pr.hidden] == ["input", "act", "act (call 2)", "act (call 3)"]
+
+
+@needs_torch
+@pytest.mark.parametrize("lr, verdict", [(1e-2, "trustworthy"), (1e-7, "warning")])
+def test_the_update_ratio_is_read_from_the_torch_inspectors_history(lr, verdict):
+    "Ratios recorded every step by the PyTorch Inspector, flushed every 10: a learning rate of 1e-7 moves weights ~1e-6 of their size."
+    model, (x, y) = torch_model(), torch_toy(0)
+    loss_fn, opt = nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=lr)
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules={"updates": 1}).attach() as insp:
+        with Diagnoser(every=20, history=insp.history).attach(model, opt, loss_fn, x[:64], y[:64]) as d:
+            for step in range(41):
+                i = (step * 32) % 256
+                opt.zero_grad()
+                loss_fn(model(x[i:i + 32]), y[i:i + 32]).backward()
+                opt.step()
+    ratio = next(c for c in d.reports[-1].checks if c.name == "update_ratio")
+    assert [r.step for r in d.reports] == [0, 20, 40] and math.isfinite(ratio.value), ratio
+    assert d.verdict == verdict and ratio.fired == (verdict == "warning"), (d.verdict, d.reasons)
