@@ -17,8 +17,8 @@ from .layers import ReLU, Tanh
 from .optim import Optimizer
 from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, to_strict_json, unit_summary
 from .per_class_loss import class_masks
-from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, sum_of_squares, summarize,
-                                    welford_update)
+from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, scratch_size,
+                                    sum_of_squares, summarize, welford_update)
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
 _all_ = ["HookHandle", "welford_update"]
@@ -101,7 +101,8 @@ class NumpyOps(NumpyNorms):
 
     def moments(self, state: dict, x) -> TensorMoments:
         "Fold `x` into the running statistics `state` (`new_state()`); return the moments of `x` alone."
-        return welford_update(state, x)
+        x = np.asarray(x)
+        return welford_update(state, x, self._scratch(scratch_size(x.size)))   # one float64 work array, reused
 
     def units(self, output, kind: str, bins: int):
         "Unit health and the histogram of a ReLU or tanh layer's `output` (`unit_summary`, `09_panels`)."

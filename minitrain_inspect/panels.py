@@ -650,7 +650,7 @@ def power_iteration(W: np.ndarray, x: np.ndarray, left: bool, steps: int) -> tup
     """`steps` half rounds from the unit vector `x` (a left vector if `left`): each multiplies by W or W.T and
     normalises. Returns (sigma, the last unit vector), or (0 or nan, None) at a zero or an overflow."""
     ### BEGIN SOLUTION
-    W = W if W.dtype == np.float64 else W.astype(np.float64)   # exact; one cast, not one per product
+    x = np.asarray(x, dtype=np.float64)   # the vector in float64; einsum widens W's values as it reads them, exactly
     sigma = 0.0
     for _ in range(steps):
         y = np.einsum("ji,j->i" if left else "ij,j->i", W, x, dtype=np.float64, optimize=False)  # float64, never BLAS

@@ -538,7 +538,7 @@ class CompiledOps(NumpyOps):
             ok, mean, m2, lo, hi = self._one_block(x.reshape(-1))
             if ok:
                 return fold_moments(state, TensorMoments(x.size, mean, m2, lo, hi))
-        return welford_update(state, x) if not self.compiled else fold_moments(state, compiled_moments(x))
+        return super().moments(state, x) if not self.compiled else fold_moments(state, compiled_moments(x))
 
     def norm(self, x) -> float:
         "‖x‖₂ within `NORM_ERROR`, by the compiled sum of squares where it applies and no square can over- or underflow."

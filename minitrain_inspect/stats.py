@@ -24,7 +24,7 @@ from .core import sigint_deferred
 
 # %% auto #0
 __all__ = ['SUM_ERROR', 'FLOAT64_MAX', 'MEAN_ERROR', 'ONE_PASS_LIMIT', 'MAX_JSON_DEPTH', 'check_int', 'refuse_longdouble',
-           'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound',
+           'float64_sum', 'sum_of_squares', 'has_nan', 'all_finite', 'TensorMoments', 'm2_error_bound', 'scratch_size',
            'tensor_moments', 'merge_moments', 'new_state', 'fold_moments', 'welford_update', 'merge',
            'one_pass_moments', 'to_jsonable', 'summarize', 'check_output_path', 'atomic_output', 'atomic_write_text',
            'current_umask', 'replace_folder']
@@ -289,19 +289,74 @@ def _float64_copy(flat: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
     np.copyto(out, flat)
     return out
 
+# %% ../nbs/08_stats.ipynb #c953ddd6
+def _block_shape(n: int) -> tuple[int, int]:
+    "`(rows, width)`: the fewest equal blocks of at most `_BLOCK` values that hold `n` values (n >= 1)."
+    rows = -(-n // _BLOCK)
+    return rows, -(-n // rows)
+
+
+def scratch_size(n: int) -> int:
+    "How many float64 values a `scratch` for `tensor_moments` of `n` values needs: `n`, and the zeros that pad its blocks."
+    rows, width = _block_shape(max(n, 1))
+    return max(n, rows * width)
+
+
+def _float64_blocks(flat: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
+    """An exact float64 copy of the 1-D float32 array `flat` (at least one value) as a 2-D array of equal blocks of at
+    most `_BLOCK` values, the last one padded with zeros; written into `scratch` where it fits (see `_buffer`)."""
+    rows, width = _block_shape(flat.size)
+    out = _buffer(scratch, rows * width)
+    if out is None:
+        out = np.empty(rows * width)
+    np.copyto(out[:flat.size], flat)
+    out[flat.size:] = 0.0
+    return out.reshape(rows, width)
+
+
+def _row_sums(blocks: np.ndarray, squares: bool = False) -> list[float]:
+    "The float64 sums of each row of the 2-D float64 `blocks` (or of their squares): one einsum, NumPy's own loops."
+    if squares:
+        return np.einsum("ij,ij->i", blocks, blocks, optimize=False).tolist()
+    return np.einsum("ij->i", blocks, optimize=False).tolist()
+
+# %% ../nbs/08_stats.ipynb #4be951ec
+def _float32_moments(flat: np.ndarray, scratch: np.ndarray | None) -> TensorMoments | None:
+    """The moments of the 1-D float32 array `flat` (at least one value) from one exact float64 copy in equal blocks,
+    within the bounds stated above; None if the sum is not finite (a NaN or inf: `tensor_moments` counts them)."""
+    blocks = _float64_blocks(flat, scratch)
+    total = _fsum(_row_sums(blocks))
+    if not math.isfinite(total):
+        return None
+    n = flat.size
+    lo, hi = float(np.minimum.reduce(flat)), float(np.maximum.reduce(flat))   # from float32: half the bytes to read
+    if lo == hi:  # a constant tensor: exact, no deviations needed
+        return TensorMoments(n, lo, 0.0, lo, hi)
+    mean = _finite_mean(flat, total, lo, hi)
+    m2 = _one_pass_m2(_fsum(_row_sums(blocks, squares=True)), total, n)
+    if m2 is None:   # S2 much larger than M2: the deviations, written over the copy (it is read no more)
+        copy = blocks.reshape(-1)[:n]
+        m2, exp = _normalize(*_deviation_m2(copy, mean, lo, hi, copy))
+        return TensorMoments(n, mean, m2, lo, hi, 0, 0, exp)
+    return TensorMoments(n, mean, m2, lo, hi)
+
 # %% ../nbs/08_stats.ipynb #fbe12588
 def tensor_moments(x, scratch: np.ndarray | None = None) -> TensorMoments:
     """Count, mean, M2, min and max of the finite values of `x` (any shape, any real dtype), in float64, with NaN
     and ±inf counted apart, within the bounds stated above on any machine. Finite for any finite input (see
-    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array at least as large as `x`, holds the float64 copy
-    of float32 input and the deviations where they are needed (never when it shares memory with `x`: the input is read,
-    never written)."""
+    `TensorMoments` for M2's exponent). `scratch`, a 1-D float64 array of at least `scratch_size(x.size)` values,
+    holds the float64 copy of float32 input and the deviations where they are needed (never when it shares memory
+    with `x`: the input is read, never written)."""
     x = _as_numeric_array(x)
     if scratch is not None and np.may_share_memory(scratch, x):
         scratch = None
     flat = x.reshape(-1)
     if flat.size == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf)
+    if flat.dtype == np.float32:   # the usual case, float32 and finite: the short road above
+        summary = _float32_moments(flat, scratch)
+        if summary is not None:
+            return summary
     narrow = flat if flat.dtype == np.float32 else None
     if narrow is not None:   # one exact float64 copy, which the sum and the squares below both read
         flat = _float64_copy(flat, scratch)

@@ -15,7 +15,8 @@ from minitrain_inspect.panels import (Every, LogSchedule, as_schedule, fixed_his
                                       unit_health)
 from minitrain_inspect.stats import (FLOAT64_MAX, MEAN_ERROR, SUM_ERROR, TensorMoments, _moments_of, all_finite,
                                      atomic_output, atomic_write_text, check_int, check_output_path, m2_error_bound, merge,
-                                     merge_moments, new_state, summarize, tensor_moments, to_jsonable, welford_update)
+                                     merge_moments, new_state, scratch_size, summarize, tensor_moments, to_jsonable,
+                                     welford_update)
 from test_exact import check_exact, exact_root, exact_stats, root_fraction
 
 rng = np.random.default_rng(7)
@@ -137,6 +138,21 @@ def test_merge_matches_numpy():
     a, b = rng.standard_normal(300) + 1e6, rng.standard_normal(700) * 2 + 1e6
     m = merge(feed([a]), feed([b]))
     check_exact(_moments_of(m), np.concatenate([a, b]), merges=2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4095, 4096, 4097, 8191, 12_289, 24_192, 122_472])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_float32_blocks_of_any_size_are_exact_with_or_without_scratch(n, offset):
+    "08's float32 road (equal blocks, zero-padded): within the bounds at sizes around the block length, offset or not."
+    x = (offset + rng.standard_normal(n)).astype(np.float32)
+    tm = tensor_moments(x)
+    check_exact(tm, x)
+    scratch = np.full(scratch_size(n), np.nan)                       # a used buffer: the padding must be written
+    assert tensor_moments(x, scratch) == tm
+    assert not np.isnan(scratch[:n]).any(), "expected the float64 copy written into a scratch that fits"
+    shared = np.zeros(2 * scratch_size(n) + 2, np.float32)         # a scratch over the input's own memory: refused
+    shared[:n] = x
+    assert tensor_moments(shared[:n], shared.view(np.float64)) == tm and np.array_equal(shared[:n], x)
 
 
 @pytest.mark.parametrize("offset,spread", [(1e3, 1e-3), (1e4, 1e-2), (1e6, 1.0)])
