@@ -51,7 +51,11 @@ class Watcher:
         self.cls, self.options, self.inspector = cls, options, None
 
     def attach(self, model, optimizer):
-        self.inspector = self.cls(model, optimizer=optimizer, **self.options).attach()
+        register_adapter("torch", torch_inspect.is_torch_module, self.cls)     # `Inspector.__new__` builds the registered class
+        try:
+            self.inspector = self.cls(model, optimizer=optimizer, **self.options).attach()
+        finally:
+            register_adapter("torch", torch_inspect.is_torch_module, torch_inspect.TorchInspector)
         return self
 
     def loss(self, value, per_example, regular) -> None:

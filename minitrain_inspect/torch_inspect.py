@@ -117,17 +117,18 @@ def torch_moments(x, scratch=None) -> TorchMoments:
         return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
     if size >= MASK_FREE_LIMIT:
         return masked_moments(flat)
-    code = torch.nan_to_num(flat, 1.0, size + 1.0, size + 1.0, out=code)
+    big = size + 1.0
+    code = torch.nan_to_num(flat, 1.0, big, big, out=code)
     clean = flat.nan_to_num_(0.0, 0.0, 0.0)                 # in place: NaN and ±inf become 0
     codes = code.sub_(clean).sum()          # code: 0 where finite, 1 at NaN, size + 1 at ±inf; codes: an exact integer
-    inf = torch.div(codes, size + 1.0, rounding_mode="floor")
-    nan = codes - inf * (size + 1.0)
-    n = size - nan - inf
+    inf, nan = torch.div(codes, big, rounding_mode="floor"), codes.remainder(big)      # both exact (fmod of integers)
+    nonfinite = nan + inf
+    n = size - nonfinite
     mean = clean.sum() / n
     filled = clean.addcmul_(code.clamp_(max=1.0), mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
     lo, hi = torch.aminmax(filled)
     m2 = torch.linalg.vector_norm(filled.sub_(mean)).square()
-    return TorchMoments(n, mean, m2, lo, hi, nan + inf, nan)
+    return TorchMoments(n, mean, m2, lo, hi, nonfinite, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
 def moments_row(x, scratch=None):
