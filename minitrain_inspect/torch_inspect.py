@@ -217,15 +217,15 @@ def as_matrix(weight):
 
 # %% ../nbs/14a_torch.ipynb #47a7ded3
 class TorchSpectralNorm:
-    "Running estimate of a matrix's largest singular value, power iteration in float64 on the matrix's device."
+    "Running estimate of a matrix's largest singular value, power iteration in float64 on the matrix's device (copied into `scratch`'s buffer if given)."
 
-    def __init__(self, warmup: int = 30, seed: int = 0):
-        self.warmup, self.seed, self._v = check_int(warmup, "warmup", 1), seed, None
+    def __init__(self, warmup: int = 30, seed: int = 0, scratch=None):
+        self.warmup, self.seed, self._v, self.scratch = check_int(warmup, "warmup", 1), seed, None, scratch
 
     def estimate(self, W):
         "One round of power iteration (`warmup` rounds on the first call, or after a change of shape): σ as a 0-d tensor."
         torch = require_torch()
-        W = as_matrix(W).to(torch.float64)
+        W = as_matrix(W).to(torch.float64) if self.scratch is None else self.scratch.take(W)[0].view(W.shape[0], -1)
         rounds = 1
         if self._v is None or self._v.shape[0] != W.shape[1] or self._v.device != W.device:
             generator = torch.Generator(device=W.device).manual_seed(self.seed)
@@ -281,7 +281,7 @@ class TorchOps(TorchNorms):
 
     def spectral(self) -> TorchSpectralNorm:
         "A new estimator of one matrix's largest singular value."
-        return TorchSpectralNorm()
+        return TorchSpectralNorm(scratch=self.scratch)
 
 # %% ../nbs/14a_torch.ipynb #ab72268d
 def first_tensor(output):
