@@ -9,7 +9,7 @@ PyTorch alone (`overhead.lockstep`, blocks of 20 steps, rotating order), PyTorch
 change, copied to a scratch folder), so old and new are measured side by side in one run.
 
 Printed: per width, the median overhead over PyTorch alone with the lowest and highest repeat, the load average before
-and after; and the aten operations per training step of each variant (counted by a `TorchDispatchMode`, steps 3..5:
+and after; and the aten operations per training step of each variant (counted by a `TorchDispatchMode` over steps 3..52, the period of every default schedule:
 a deterministic figure that the machine's load does not move). Nothing is asserted on time.
 """
 from __future__ import annotations
@@ -94,12 +94,13 @@ class Run(TorchRun):
     WATCHERS = {}
 
 
-def ops_per_step(config, data, name, factory, steps: int = 3) -> float:
-    "Aten operations per training step of one variant, counted over `steps` steps after 3 warm-up steps."
+def ops_per_step(config, data, name, factory, steps: int = 50) -> float:
+    "Aten operations per training step of one variant, over `steps` steps after 3 warm-up steps (50: every default schedule's period)."
     Run.WATCHERS = {name: factory}
     run = Run(config, data, name)
     for _ in range(2):
         run.step()
+    steps = min(steps, config.steps - 4)     # as many as the run has left
     with CountOps() as counter:
         for _ in range(steps):
             run.step()
@@ -109,7 +110,7 @@ def ops_per_step(config, data, name, factory, steps: int = 3) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats (0: count the operations only)")
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--old", default=None, help="path of another torch_inspect.py to measure beside this one")
     args = parser.parse_args(argv)
@@ -124,6 +125,9 @@ def main(argv=None) -> None:
             point = replace(config, hidden=(width, width))
             counts = {name: ops_per_step(point, data, name, factory) for name, factory in table.items()}
             times = {name: [] for name in table}
+            if not args.repeats:
+                print(f"\nwidth {width}: aten ops per step, steps 3..52 (or to the run's end): " + ", ".join(f"{k} {v:.1f}" for k, v in counts.items()))
+                continue
             for _ in range(args.repeats):
                 Run.WATCHERS = table
                 runs = {name: Run(point, data, name) for name in table}
