@@ -28,10 +28,10 @@ from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
+__all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
            'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS',
            'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
-           'masked_moments', 'torch_moments', 'moments_row', 'host_moments', 'Later', 'to_host',
+           'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'host_moments', 'Later', 'to_host',
            'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm',
            'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
@@ -79,37 +79,62 @@ def masked_moments(flat) -> TorchMoments:
     return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n,
                         torch.isnan(flat).sum(dtype=torch.float64))
 
+# %% ../nbs/14a_torch.ipynb #607ef837
+SCRATCH_LIMIT = 2 ** 24     # values per reused float64 buffer (128 MiB); a larger tensor gets fresh buffers
+
+
+class TorchScratch:
+    "Two float64 buffers on the CPU, reused by each `torch_moments` that is given them; grown to the largest tensor seen."
+
+    def __init__(self):
+        self.buffers, self._views = None, {}
+
+    def take(self, x) -> tuple:
+        "(`x` copied flat into the first buffer as float64, the second buffer's view of the same size); on a GPU, or past `SCRATCH_LIMIT`: (a fresh copy, None)."
+        torch, size = require_torch(), x.numel()
+        if x.device.type != "cpu" or size > SCRATCH_LIMIT:
+            return x.detach().reshape(-1).to(torch.float64, copy=True), None
+        views = self._views.get(x.shape)
+        if views is None:
+            if self.buffers is None or self.buffers.shape[1] < size:
+                self.buffers, self._views = torch.empty((2, size), dtype=torch.float64), {}     # grown: old views dropped
+            flat, code = self.buffers[0, :size], self.buffers[1, :size]
+            views = self._views[x.shape] = (flat.view(x.shape), flat, code)
+        views[0].copy_(x.detach())
+        return views[1], views[2]
+
 # %% ../nbs/14a_torch.ipynb #03bbf8dc
 MASK_FREE_LIMIT = 2 ** 26      # below it the NaN and ±inf counts share one exact float64 sum (see the text)
 
 
-def torch_moments(x) -> TorchMoments:
-    "The moments of tensor `x` in float64, on its device, without any transfer to the host (two passes, no boolean mask)."
+def torch_moments(x, scratch=None) -> TorchMoments:
+    "The moments of tensor `x` in float64, on its device, with no transfer to the host (two passes, no mask); in `scratch`'s buffers if given."
     torch = require_torch()
-    flat = x.detach().reshape(-1).to(torch.float64, copy=True)     # our own copy: the passes below work in place
-    size = flat.numel()
+    flat, code = (x.detach().reshape(-1).to(torch.float64, copy=True), None) if scratch is None else scratch.take(x)
+    size = flat.numel()     # flat: our own float64 copy (the passes below work in place); code: a buffer for the codes, or None
     if size == 0:           # the shape is known on the host: no sync to find an empty tensor
         zero = flat.new_zeros(())
         return TorchMoments(zero, zero, zero, zero + math.inf, zero - math.inf, zero, zero)
     if size >= MASK_FREE_LIMIT:
         return masked_moments(flat)
-    code = flat.nan_to_num(1.0, size + 1.0, size + 1.0)
+    big = size + 1.0
+    code = torch.nan_to_num(flat, 1.0, big, big, out=code)
     clean = flat.nan_to_num_(0.0, 0.0, 0.0)                 # in place: NaN and ±inf become 0
     codes = code.sub_(clean).sum()          # code: 0 where finite, 1 at NaN, size + 1 at ±inf; codes: an exact integer
-    inf = torch.div(codes, size + 1.0, rounding_mode="floor")
-    nan = codes - inf * (size + 1.0)
-    n = size - nan - inf
+    inf, nan = torch.div(codes, big, rounding_mode="floor"), codes.remainder(big)      # both exact (fmod of integers)
+    nonfinite = nan + inf
+    n = size - nonfinite
     mean = clean.sum() / n
     filled = clean.addcmul_(code.clamp_(max=1.0), mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
     lo, hi = torch.aminmax(filled)
     m2 = torch.linalg.vector_norm(filled.sub_(mean)).square()
-    return TorchMoments(n, mean, m2, lo, hi, nan + inf, nan)
+    return TorchMoments(n, mean, m2, lo, hi, nonfinite, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
-def moments_row(x):
+def moments_row(x, scratch=None):
     "The moments of `x` as one float64 device vector of 7: n, mean, M2, min, max, non-finite count, NaN count."
     torch = require_torch()
-    return torch.stack(torch_moments(x))
+    return torch.stack(torch_moments(x, scratch))
 
 
 def host_moments(row) -> TensorMoments:
@@ -192,15 +217,15 @@ def as_matrix(weight):
 
 # %% ../nbs/14a_torch.ipynb #47a7ded3
 class TorchSpectralNorm:
-    "Running estimate of a matrix's largest singular value, power iteration in float64 on the matrix's device."
+    "Running estimate of a matrix's largest singular value, power iteration in float64 on the matrix's device (copied into `scratch`'s buffer if given)."
 
-    def __init__(self, warmup: int = 30, seed: int = 0):
-        self.warmup, self.seed, self._v = check_int(warmup, "warmup", 1), seed, None
+    def __init__(self, warmup: int = 30, seed: int = 0, scratch=None):
+        self.warmup, self.seed, self._v, self.scratch = check_int(warmup, "warmup", 1), seed, None, scratch
 
     def estimate(self, W):
         "One round of power iteration (`warmup` rounds on the first call, or after a change of shape): σ as a 0-d tensor."
         torch = require_torch()
-        W = as_matrix(W).to(torch.float64)
+        W = as_matrix(W).to(torch.float64) if self.scratch is None else self.scratch.take(W)[0].view(W.shape[0], -1)
         rounds = 1
         if self._v is None or self._v.shape[0] != W.shape[1] or self._v.device != W.device:
             generator = torch.Generator(device=W.device).manual_seed(self.seed)
@@ -239,9 +264,12 @@ class TorchNorms:
 class TorchOps(TorchNorms):
     "The panels' array interface on PyTorch tensors: float64 statistics as 0-d device tensors, never a host sync."
 
+    def __init__(self):
+        self.scratch = TorchScratch()      # float64 buffers reused by every tensor this object measures (CPU)
+
     def moments_row(self, x):
         "The 7 moments of `x` as one device vector (`moments_row`): what the tensor panels record, folded at the flush."
-        return moments_row(x)
+        return moments_row(x, self.scratch)
 
     def moments(self, state: dict, x) -> TensorMoments:
         "`NumpyOps.moments` for a tensor: fold `x` into `state` now. It waits for the device; the panels use `moments_row`."
@@ -253,7 +281,7 @@ class TorchOps(TorchNorms):
 
     def spectral(self) -> TorchSpectralNorm:
         "A new estimator of one matrix's largest singular value."
-        return TorchSpectralNorm()
+        return TorchSpectralNorm(scratch=self.scratch)
 
 # %% ../nbs/14a_torch.ipynb #ab72268d
 def first_tensor(output):

@@ -574,3 +574,35 @@ def test_update_ratios_match_a_plain_float64_computation():
         expected = (torch.linalg.vector_norm(p.detach().double() - before[name]) /
                     torch.linalg.vector_norm(before[name])).item()
         assert insp.history.get(f"updates/{name}/ratio")[1][-1] == pytest.approx(expected, rel=1e-12)
+
+
+# ---------------------------------------------------------------- reused float64 buffers (TorchScratch)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_scratch_moments_are_bit_identical_to_fresh_copies(dtype):
+    from minitrain_inspect.torch_inspect import TorchScratch, torch_moments
+    rng = np.random.default_rng(11)
+    scratch = TorchScratch()
+    shapes = [(300, 7), (5,), (0, 4), (64, 64), (3, 4, 5), (5,)]     # grow, shrink, grow, an empty one, a shape again
+    for shape in shapes:
+        x = torch.from_numpy(rng.standard_normal(shape) * 4 + 25).to(dtype)
+        if x.numel() > 3:
+            x.view(-1)[:3] = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)
+        for view in (x, x.transpose(0, -1) if x.dim() > 1 else x):        # contiguous and not
+            fresh = torch.stack(torch_moments(view))
+            reused = torch.stack(torch_moments(view, scratch))
+            assert torch.equal(fresh.nan_to_num(-7.0), reused.nan_to_num(-7.0)), (shape, fresh, reused)
+            if x.numel() > 3:
+                assert reused[5:].tolist() == [3, 1]                     # NaN, inf, -inf: 3 non-finite, 1 NaN
+                assert x.view(-1)[0].isnan()                             # the input is never written
+
+
+def test_scratch_is_kept_by_the_ops_and_bounded(monkeypatch):
+    import minitrain_inspect.torch_inspect as ti
+    ops = ti.TorchOps()
+    ops.moments_row(torch.ones(10, 10))
+    kept = ops.scratch.buffers.data_ptr()
+    ops.moments_row(torch.ones(4, 3))
+    assert ops.scratch.buffers.data_ptr() == kept and ops.scratch.buffers.shape == (2, 100)
+    monkeypatch.setattr(ti, "SCRATCH_LIMIT", 50)     # past the limit: fresh buffers, the scratch untouched
+    x = torch.arange(60.0)
+    assert torch.equal(ops.moments_row(x), ti.moments_row(x)) and ops.scratch.buffers.shape == (2, 100)
