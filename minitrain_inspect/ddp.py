@@ -645,12 +645,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loopback_group(rank: int, world: int, port: int, timeout: float = 60.0):
-    "Join a gloo process group of `world` ranks on 127.0.0.1:`port` as `rank` (rank 0 hosts the store); returns the store."
+def loopback_group(rank: int, world: int, port: int, timeout: float = 60.0, join_timeout: float | None = None):
+    """Join a gloo process group of `world` ranks on 127.0.0.1:`port` as `rank` (rank 0 hosts the store); returns the store.
+    Collectives wait at most `timeout` s; the rendezvous waits up to `join_timeout` s (default: `timeout`) for the last rank."""
     import torch.distributed as dist
     torch = require_torch()
     limit = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=limit)
+    join = datetime.timedelta(seconds=max(timeout, join_timeout or 0.0))
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=join)   # returns once all have joined
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=limit)
     torch.set_num_threads(1)
     return store
@@ -703,7 +705,7 @@ def probe_class():
 
 # %% ../nbs/14b_ddp.ipynb #0cb4e943
 DEMO_SPEC = {"world": 2, "steps": 40, "flush_every": 10, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
-             "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "port": None}
+             "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "join_timeout": 120.0, "port": None}
 
 
 def _demo_model(spec: dict):
@@ -804,7 +806,7 @@ def ddp_worker(spec: dict) -> dict:
     "One rank of a demo or test run, configured by `spec` (keys of `DEMO_SPEC`, plus `rank` and `port`): joins, runs, leaves."
     import torch.distributed as dist
     spec = {**DEMO_SPEC, **spec}
-    store = loopback_group(spec["rank"], spec["world"], spec["port"], spec["timeout"])
+    store = loopback_group(spec["rank"], spec["world"], spec["port"], spec["timeout"], spec["join_timeout"])
     try:
         result = _run_worker(spec, store)
     finally:
@@ -823,9 +825,12 @@ def leave(store, rank: int, world: int, wait: float = 30.0) -> None:
 
 # %% ../nbs/14b_ddp.ipynb #3cce42ce
 def ddp_worker_main(argv=None) -> None:
-    "Entry point of a worker process: its spec as JSON in `argv[0]`; prints its result as one JSON line."
+    "Entry point of a worker process: its spec as JSON in `argv[0]` (default: the command line); prints its result as one JSON line."
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     print(json.dumps(ddp_worker(spec), default=str), flush=True)
+    if argv is None:       # a worker process (`worker_command`): its work is done and printed; skip the interpreter's
+        sys.stderr.flush()     # teardown, which with torch loaded costs 0.8 CPU-s a rank, and took ~20 s on busy cores
+        os._exit(0)
 
 # %% ../nbs/14b_ddp.ipynb #fa09982a
 def worker_command(spec: dict) -> list:
