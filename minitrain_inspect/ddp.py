@@ -30,15 +30,15 @@ from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchIn
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DEMO_SPEC',
-           'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'unit_counts', 'unit_points',
-           'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts', 'merged_points',
-           'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums', 'gathered_finish',
-           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
-           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
-           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
-           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
-           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY',
+           'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'unit_counts',
+           'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts',
+           'merged_points', 'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums',
+           'gathered_finish', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
+           'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
+           'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
+           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
+           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
@@ -134,7 +134,7 @@ class DDPUnitPanel(TorchUnitPanel):
 
 # %% ../nbs/14b_ddp.ipynb #a973c753
 SHARDED = ("activations", "act_grads")     # statistics of each rank's own examples: merged across ranks
-SUMMED = (group_points, unit_points)      # finish functions whose inputs are sums and counts: all_reduce(SUM)
+SUMMED = (group_points, unit_points)      # finish functions whose inputs are sums and counts: added over ranks
 
 
 def kept_kind(key, value) -> str:
@@ -211,13 +211,11 @@ def gather_rows(packed, collective: bool = True, group=None) -> list:
     return torch.stack(out).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #2d3fcd42
-def sum_across(summed, collective: bool = True, group=None) -> list:
-    "The sum over ranks of the float64 vector `summed`, as a host list: one `all_reduce(SUM)` (the local values if not `collective`)."
-    if collective and summed.numel():
-        import torch.distributed as dist
-        summed = _comm_tensor(summed, group)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
-    return summed.tolist()
+def sum_across(pieces: list) -> list:
+    "Per position, the sum over ranks of `pieces` (one host list per rank, all of one length), added in rank order."
+    if not pieces or not pieces[0]:
+        return []
+    return np.add.reduce(np.asarray(pieces, dtype=np.float64), axis=0).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #c03b0d1f
 def _numel(t) -> int:
@@ -364,18 +362,18 @@ class DDPStop:
 
 # %% ../nbs/14b_ddp.ipynb #90e767cd
 class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
-    "The flush of a data-parallel Inspector: one all_gather and one all_reduce, then `14a_torch`'s flush."
+    "The flush of a data-parallel Inspector: one all_gather, then `14a_torch`'s flush."
 
     def _to_host(self) -> None:
         start = time.perf_counter()
         kept, parts, names, summed = self._pack()
-        torch = require_torch()
-        packed, summed = self._packed(parts, names), torch.cat(summed) if summed else torch.zeros(0, dtype=torch.float64)
+        size = sum(map(_numel, summed))          # the summed values ride at the end of the one gathered vector
+        packed = self._packed(parts + summed, names)
         gather_start = time.perf_counter()
         ranks = gather_rows(packed, self._collective, self.group)
+        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collective, waiting for the slowest rank included
         check_layouts(ranks)
-        sums = sum_across(summed, self._collective, self.group)
-        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collectives, waiting for the slowest rank included
+        sums = sum_across([r[len(r) - size:] for r in ranks]) if size else []
         self._decide_stop(kept, ranks)
         self._agree_strides(ranks)
         self._unpack(kept, ranks, sums)
@@ -552,6 +550,9 @@ def _world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 # %% ../nbs/14b_ddp.ipynb #891bf00e
+DDP_FLUSH_EVERY = 50    # steps between merges by default: a stop comes at most this many steps late (see the closing note)
+
+
 class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
     "The Inspector of a data-parallel run: every rank attaches one; all hold the merged history, rank 0 writes it."
 
@@ -561,6 +562,7 @@ class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
         if options.get("ops") is not None and not isinstance(options["ops"], DDPOps):
             raise TypeError(f"a DDPInspector measures with DDPOps (rows of {ROW_WIDTH} for the merge), got {type(options['ops']).__name__}")
         options["ops"] = options.get("ops") or DDPOps()
+        options.setdefault("flush_every", DDP_FLUSH_EVERY)
         extra = list(options.get("panels", ()))
         if "units" not in [getattr(p, "name", None) for p in extra]:
             extra.insert(0, DDPUnitPanel(DEFAULT_SCHEDULES["units"], options.get("histogram_bins", 40)))
@@ -578,7 +580,7 @@ class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
         self._norms, self._local_sq, self.stopped = [], None, None
         self.history.meta["ddp"] = {"world_size": self.world_size, "rank_series": min(self.world_size, MAX_RANK_SERIES),
                                     "merged": "activations, act_grads: all ranks (Chan, rank order); loss: mean over ranks; "
-                                              "gradients: after the allreduce (checked equal); per-class, units: counts summed; "
+                                              "gradients: after the allreduce (checked equal); per-class, units: sums gathered, added in rank order; "
                                               "updates, spectral: rank 0's (equal on every rank)"}
 
 # %% ../nbs/14b_ddp.ipynb #000124f8
@@ -704,7 +706,7 @@ def probe_class():
     return Probe
 
 # %% ../nbs/14b_ddp.ipynb #0cb4e943
-DEMO_SPEC = {"world": 2, "steps": 40, "flush_every": 10, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
+DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
              "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "join_timeout": 120.0, "port": None}
 
 
@@ -862,10 +864,11 @@ MAX_DEMO_WORLD = 16
 def add_ddp_demo_arguments(parser) -> None:
     "The `ddp-demo` flags on `parser` (an argparse parser)."
     parser.add_argument("--world", type=int, default=2, help=f"number of ranks, 1 to {MAX_DEMO_WORLD} (default 2)")
-    parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     parser.add_argument("--batch", type=int, nargs="+", default=None, metavar="N",
                         help="examples per rank: one size for all, or one per rank (default 32)")
-    parser.add_argument("--flush-every", type=int, default=10, help="steps between merges (default 10)")
+    parser.add_argument("--flush-every", type=int, default=DDP_FLUSH_EVERY,
+                        help=f"steps between merges (default {DDP_FLUSH_EVERY}); a stop comes at most this many steps late")
     parser.add_argument("--nan-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"),
                         help="inject a NaN into RANK's batch at STEP: every rank stops at the next merge")
     parser.add_argument("--out", type=Path, default=Path("ddp-demo"), metavar="DIR", help="folder for the outputs (default ddp-demo)")
