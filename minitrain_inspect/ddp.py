@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
+from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
                                              _units_last, first_tensor, group_points, moment_points, torch_activation_kind,
@@ -31,8 +31,8 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY',
-           'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'unit_counts',
-           'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts',
+           'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'merge_row_block',
+           'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts',
            'merged_points', 'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums',
            'gathered_finish', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
            'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
@@ -90,6 +90,37 @@ def merge_rows(rows) -> TensorMoments:
     if not total.n:
         return total
     return total._replace(mean=min(max(total.mean + shift, total.min), total.max))
+
+# %% ../nbs/14b_ddp.ipynb #8e3f5b2b
+def _plain(delta, cross, m2):
+    "Where one vectorised Chan step is what `merge_moments` computes: |delta| squares safely, n_a·n_b is exact, M2 is plain."
+    safe = (delta == 0.0) | ((np.abs(delta) >= _SAFE_MEAN[0]) & (np.abs(delta) <= _SAFE_MEAN[1]))
+    return safe & (cross < 2.0 ** 53) & ((m2 == 0.0) | ((m2 >= _PLAIN[0]) & (m2 <= _PLAIN[1])))
+
+
+def merge_row_block(block) -> list:
+    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+    rows = np.asarray(block, dtype=np.float64).reshape(len(block), -1, ROW_WIDTH)
+    count = rows.shape[1]
+    n, residual, has = rows[..., 0], rows[..., 7], rows[..., 0] > 0
+    shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(count), 1], 0.0)
+    size = np.where(has, n, 1.0)
+    total_n, mean, m2, plain = np.zeros(count), np.zeros(count), np.zeros(count), np.ones(count, dtype=bool)
+    with np.errstate(all="ignore"):          # what overflows is sent to merge_rows below
+        means, m2s = (rows[..., 1] - shift) + residual / size, np.maximum(rows[..., 2] - residual * residual / size, 0.0)
+        for r in range(rows.shape[0]):          # Chan's merge in rank order, as merge_moments does, every tensor at once
+            first, both, merged_n = has[r] & (total_n == 0), has[r] & (total_n > 0), total_n + n[r]
+            delta, cross = means[r] - mean, total_n * n[r]
+            new_mean, new_m2 = mean + delta * (n[r] / merged_n), m2 + m2s[r] + delta * delta * (cross / merged_n)
+            plain &= ~both | _plain(delta, cross, new_m2)
+            mean = np.where(first, means[r], np.where(both, new_mean, mean))
+            m2, total_n = np.where(first, m2s[r], np.where(both, new_m2, m2)), np.where(has[r], merged_n, total_n)
+        lo, hi = np.where(has, rows[..., 3], math.inf).min(axis=0), np.where(has, rows[..., 4], -math.inf).max(axis=0)
+        final = np.where(total_n > 0, np.minimum(np.maximum(mean + shift, lo), hi), 0.0)
+    plain &= np.isfinite(mean)
+    nonfinite, nan = rows[..., 5].sum(axis=0), rows[..., 6].sum(axis=0)
+    return [TensorMoments(int(total_n[t]), float(final[t]), float(m2[t]), float(lo[t]), float(hi[t]), int(nonfinite[t]),
+                          int(nan[t])) if plain[t] else merge_rows(rows[:, t].tolist()) for t in range(count)]
 
 # %% ../nbs/14b_ddp.ipynb #7b1e7b65
 def unit_counts(output, kind: str, bins: int):
@@ -284,16 +315,24 @@ class DDPUnpack:
 
     def _unpack(self, kept: list, ranks: list, sums: list) -> None:
         "Replace each kept value by its merged host value (`ranks`: the gathered lists; `sums`: the summed list)."
-        at, total_at, disagree = self._header_size(), 0, []
+        at, total_at, disagree, gathered = self._header_size(), 0, [], []
         for panel, i, kind in kept:
-            key, _, value = panel.pending[i]
+            value = panel.pending[i][2]
             sizes = [_numel(t) for t in (value.tensors if isinstance(value, Later) else (value,))]
             if kind == "sum":
                 pieces = split_sums(sums[total_at:total_at + sum(sizes)], sizes)
                 total_at += sum(sizes)
                 self._replace(panel, i, functools.partial(value.finish, *pieces))
+            else:
+                gathered, at = gathered + [(panel, i, kind, at, sum(sizes))], at + sum(sizes)
+        starts = [start for _, _, kind, start, _ in gathered if kind == "rows"]      # every sharded tensor's rows: merged at once
+        merged = iter(merge_row_block(np.asarray(ranks)[:, [s + k for s in starts for k in range(ROW_WIDTH)]]) if starts else ())
+        for panel, i, kind, start, size in gathered:
+            key, _, value = panel.pending[i]
+            if kind == "rows":
+                self._replace(panel, i, functools.partial(merged_points, *value.finish.args[:3], next(merged)))
                 continue
-            rows, at = [r[at:at + sum(sizes)] for r in ranks], at + sum(sizes)
+            rows = [r[start:start + size] for r in ranks]
             if kind == "same" and any(r != rows[0] for r in rows[1:]):
                 disagree.append(value.finish.args[2].rsplit("/", 1)[0])
             self._replace(panel, i, gathered_finish(kind, key, value, rows))
