@@ -324,7 +324,8 @@ class DDPUnpack:
                 total_at += sum(sizes)
                 self._replace(panel, i, functools.partial(value.finish, *pieces))
             else:
-                gathered, at = gathered + [(panel, i, kind, at, sum(sizes))], at + sum(sizes)
+                gathered.append((panel, i, kind, at, sum(sizes)))
+                at += sum(sizes)
         starts = [start for _, _, kind, start, _ in gathered if kind == "rows"]      # every sharded tensor's rows: merged at once
         merged = iter(merge_row_block(np.asarray(ranks)[:, [s + k for s in starts for k in range(ROW_WIDTH)]]) if starts else ())
         for panel, i, kind, start, size in gathered:
