@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
+from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
                                              _units_last, first_tensor, group_points, moment_points, torch_activation_kind,
@@ -30,15 +30,15 @@ from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchIn
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DEMO_SPEC',
-           'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'unit_counts', 'unit_points',
-           'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts', 'merged_points',
-           'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums', 'gathered_finish',
-           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
-           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
-           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
-           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
-           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY',
+           'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'merge_row_block',
+           'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts',
+           'merged_points', 'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums',
+           'gathered_finish', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
+           'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
+           'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
+           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
+           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
@@ -91,6 +91,37 @@ def merge_rows(rows) -> TensorMoments:
         return total
     return total._replace(mean=min(max(total.mean + shift, total.min), total.max))
 
+# %% ../nbs/14b_ddp.ipynb #8e3f5b2b
+def _plain(delta, cross, m2):
+    "Where one vectorised Chan step is what `merge_moments` computes: |delta| squares safely, n_a·n_b is exact, M2 is plain."
+    safe = (delta == 0.0) | ((np.abs(delta) >= _SAFE_MEAN[0]) & (np.abs(delta) <= _SAFE_MEAN[1]))
+    return safe & (cross < 2.0 ** 53) & ((m2 == 0.0) | ((m2 >= _PLAIN[0]) & (m2 <= _PLAIN[1])))
+
+
+def merge_row_block(block) -> list:
+    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+    rows = np.asarray(block, dtype=np.float64).reshape(len(block), -1, ROW_WIDTH)
+    count = rows.shape[1]
+    n, residual, has = rows[..., 0], rows[..., 7], rows[..., 0] > 0
+    shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(count), 1], 0.0)
+    size = np.where(has, n, 1.0)
+    total_n, mean, m2, plain = np.zeros(count), np.zeros(count), np.zeros(count), np.ones(count, dtype=bool)
+    with np.errstate(all="ignore"):          # what overflows is sent to merge_rows below
+        means, m2s = (rows[..., 1] - shift) + residual / size, np.maximum(rows[..., 2] - residual * residual / size, 0.0)
+        for r in range(rows.shape[0]):          # Chan's merge in rank order, as merge_moments does, every tensor at once
+            first, both, merged_n = has[r] & (total_n == 0), has[r] & (total_n > 0), total_n + n[r]
+            delta, cross = means[r] - mean, total_n * n[r]
+            new_mean, new_m2 = mean + delta * (n[r] / merged_n), m2 + m2s[r] + delta * delta * (cross / merged_n)
+            plain &= ~both | _plain(delta, cross, new_m2)
+            mean = np.where(first, means[r], np.where(both, new_mean, mean))
+            m2, total_n = np.where(first, m2s[r], np.where(both, new_m2, m2)), np.where(has[r], merged_n, total_n)
+        lo, hi = np.where(has, rows[..., 3], math.inf).min(axis=0), np.where(has, rows[..., 4], -math.inf).max(axis=0)
+        final = np.where(total_n > 0, np.minimum(np.maximum(mean + shift, lo), hi), 0.0)
+    plain &= np.isfinite(mean)
+    nonfinite, nan = rows[..., 5].sum(axis=0), rows[..., 6].sum(axis=0)
+    return [TensorMoments(int(total_n[t]), float(final[t]), float(m2[t]), float(lo[t]), float(hi[t]), int(nonfinite[t]),
+                          int(nan[t])) if plain[t] else merge_rows(rows[:, t].tolist()) for t in range(count)]
+
 # %% ../nbs/14b_ddp.ipynb #7b1e7b65
 def unit_counts(output, kind: str, bins: int):
     "One float64 device vector of counts: rows, stuck outputs, seen outputs, below, above, the `bins` counts, per unit stuck-or-NaN, per unit seen."
@@ -134,7 +165,7 @@ class DDPUnitPanel(TorchUnitPanel):
 
 # %% ../nbs/14b_ddp.ipynb #a973c753
 SHARDED = ("activations", "act_grads")     # statistics of each rank's own examples: merged across ranks
-SUMMED = (group_points, unit_points)      # finish functions whose inputs are sums and counts: all_reduce(SUM)
+SUMMED = (group_points, unit_points)      # finish functions whose inputs are sums and counts: added over ranks
 
 
 def kept_kind(key, value) -> str:
@@ -211,13 +242,11 @@ def gather_rows(packed, collective: bool = True, group=None) -> list:
     return torch.stack(out).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #2d3fcd42
-def sum_across(summed, collective: bool = True, group=None) -> list:
-    "The sum over ranks of the float64 vector `summed`, as a host list: one `all_reduce(SUM)` (the local values if not `collective`)."
-    if collective and summed.numel():
-        import torch.distributed as dist
-        summed = _comm_tensor(summed, group)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
-    return summed.tolist()
+def sum_across(pieces: list) -> list:
+    "Per position, the sum over ranks of `pieces` (one host list per rank, all of one length), added in rank order."
+    if not pieces or not pieces[0]:
+        return []
+    return np.add.reduce(np.asarray(pieces, dtype=np.float64), axis=0).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #c03b0d1f
 def _numel(t) -> int:
@@ -286,16 +315,25 @@ class DDPUnpack:
 
     def _unpack(self, kept: list, ranks: list, sums: list) -> None:
         "Replace each kept value by its merged host value (`ranks`: the gathered lists; `sums`: the summed list)."
-        at, total_at, disagree = self._header_size(), 0, []
+        at, total_at, disagree, gathered = self._header_size(), 0, [], []
         for panel, i, kind in kept:
-            key, _, value = panel.pending[i]
+            value = panel.pending[i][2]
             sizes = [_numel(t) for t in (value.tensors if isinstance(value, Later) else (value,))]
             if kind == "sum":
                 pieces = split_sums(sums[total_at:total_at + sum(sizes)], sizes)
                 total_at += sum(sizes)
                 self._replace(panel, i, functools.partial(value.finish, *pieces))
+            else:
+                gathered.append((panel, i, kind, at, sum(sizes)))
+                at += sum(sizes)
+        starts = [start for _, _, kind, start, _ in gathered if kind == "rows"]      # every sharded tensor's rows: merged at once
+        merged = iter(merge_row_block(np.asarray(ranks)[:, [s + k for s in starts for k in range(ROW_WIDTH)]]) if starts else ())
+        for panel, i, kind, start, size in gathered:
+            key, _, value = panel.pending[i]
+            if kind == "rows":
+                self._replace(panel, i, functools.partial(merged_points, *value.finish.args[:3], next(merged)))
                 continue
-            rows, at = [r[at:at + sum(sizes)] for r in ranks], at + sum(sizes)
+            rows = [r[start:start + size] for r in ranks]
             if kind == "same" and any(r != rows[0] for r in rows[1:]):
                 disagree.append(value.finish.args[2].rsplit("/", 1)[0])
             self._replace(panel, i, gathered_finish(kind, key, value, rows))
@@ -364,18 +402,18 @@ class DDPStop:
 
 # %% ../nbs/14b_ddp.ipynb #90e767cd
 class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
-    "The flush of a data-parallel Inspector: one all_gather and one all_reduce, then `14a_torch`'s flush."
+    "The flush of a data-parallel Inspector: one all_gather, then `14a_torch`'s flush."
 
     def _to_host(self) -> None:
         start = time.perf_counter()
         kept, parts, names, summed = self._pack()
-        torch = require_torch()
-        packed, summed = self._packed(parts, names), torch.cat(summed) if summed else torch.zeros(0, dtype=torch.float64)
+        size = sum(map(_numel, summed))          # the summed values ride at the end of the one gathered vector
+        packed = self._packed(parts + summed, names)
         gather_start = time.perf_counter()
         ranks = gather_rows(packed, self._collective, self.group)
+        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collective, waiting for the slowest rank included
         check_layouts(ranks)
-        sums = sum_across(summed, self._collective, self.group)
-        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collectives, waiting for the slowest rank included
+        sums = sum_across([r[len(r) - size:] for r in ranks]) if size else []
         self._decide_stop(kept, ranks)
         self._agree_strides(ranks)
         self._unpack(kept, ranks, sums)
@@ -552,6 +590,9 @@ def _world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 # %% ../nbs/14b_ddp.ipynb #891bf00e
+DDP_FLUSH_EVERY = 50    # steps between merges by default: a stop comes at most this many steps late (see the closing note)
+
+
 class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
     "The Inspector of a data-parallel run: every rank attaches one; all hold the merged history, rank 0 writes it."
 
@@ -561,6 +602,7 @@ class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
         if options.get("ops") is not None and not isinstance(options["ops"], DDPOps):
             raise TypeError(f"a DDPInspector measures with DDPOps (rows of {ROW_WIDTH} for the merge), got {type(options['ops']).__name__}")
         options["ops"] = options.get("ops") or DDPOps()
+        options.setdefault("flush_every", DDP_FLUSH_EVERY)
         extra = list(options.get("panels", ()))
         if "units" not in [getattr(p, "name", None) for p in extra]:
             extra.insert(0, DDPUnitPanel(DEFAULT_SCHEDULES["units"], options.get("histogram_bins", 40)))
@@ -578,7 +620,7 @@ class DDPInspector(DDPFailure, DDPNorms, DDPGuard, DDPMerge, TorchInspector):
         self._norms, self._local_sq, self.stopped = [], None, None
         self.history.meta["ddp"] = {"world_size": self.world_size, "rank_series": min(self.world_size, MAX_RANK_SERIES),
                                     "merged": "activations, act_grads: all ranks (Chan, rank order); loss: mean over ranks; "
-                                              "gradients: after the allreduce (checked equal); per-class, units: counts summed; "
+                                              "gradients: after the allreduce (checked equal); per-class, units: sums gathered, added in rank order; "
                                               "updates, spectral: rank 0's (equal on every rank)"}
 
 # %% ../nbs/14b_ddp.ipynb #000124f8
@@ -645,12 +687,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loopback_group(rank: int, world: int, port: int, timeout: float = 60.0):
-    "Join a gloo process group of `world` ranks on 127.0.0.1:`port` as `rank` (rank 0 hosts the store); returns the store."
+def loopback_group(rank: int, world: int, port: int, timeout: float = 60.0, join_timeout: float | None = None):
+    """Join a gloo process group of `world` ranks on 127.0.0.1:`port` as `rank` (rank 0 hosts the store); returns the store.
+    Collectives wait at most `timeout` s; the rendezvous waits up to `join_timeout` s (default: `timeout`) for the last rank."""
     import torch.distributed as dist
     torch = require_torch()
     limit = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=limit)
+    join = datetime.timedelta(seconds=max(timeout, join_timeout or 0.0))
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=join)   # returns once all have joined
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=limit)
     torch.set_num_threads(1)
     return store
@@ -702,8 +746,8 @@ def probe_class():
     return Probe
 
 # %% ../nbs/14b_ddp.ipynb #0cb4e943
-DEMO_SPEC = {"world": 2, "steps": 40, "flush_every": 10, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
-             "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "port": None}
+DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
+             "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "join_timeout": 120.0, "port": None}
 
 
 def _demo_model(spec: dict):
@@ -804,7 +848,7 @@ def ddp_worker(spec: dict) -> dict:
     "One rank of a demo or test run, configured by `spec` (keys of `DEMO_SPEC`, plus `rank` and `port`): joins, runs, leaves."
     import torch.distributed as dist
     spec = {**DEMO_SPEC, **spec}
-    store = loopback_group(spec["rank"], spec["world"], spec["port"], spec["timeout"])
+    store = loopback_group(spec["rank"], spec["world"], spec["port"], spec["timeout"], spec["join_timeout"])
     try:
         result = _run_worker(spec, store)
     finally:
@@ -823,9 +867,12 @@ def leave(store, rank: int, world: int, wait: float = 30.0) -> None:
 
 # %% ../nbs/14b_ddp.ipynb #3cce42ce
 def ddp_worker_main(argv=None) -> None:
-    "Entry point of a worker process: its spec as JSON in `argv[0]`; prints its result as one JSON line."
+    "Entry point of a worker process: its spec as JSON in `argv[0]` (default: the command line); prints its result as one JSON line."
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     print(json.dumps(ddp_worker(spec), default=str), flush=True)
+    if argv is None:       # a worker process (`worker_command`): its work is done and printed; skip the interpreter's
+        sys.stderr.flush()     # teardown, which with torch loaded costs 0.8 CPU-s a rank, and took ~20 s on busy cores
+        os._exit(0)
 
 # %% ../nbs/14b_ddp.ipynb #fa09982a
 def worker_command(spec: dict) -> list:
@@ -857,10 +904,11 @@ MAX_DEMO_WORLD = 16
 def add_ddp_demo_arguments(parser) -> None:
     "The `ddp-demo` flags on `parser` (an argparse parser)."
     parser.add_argument("--world", type=int, default=2, help=f"number of ranks, 1 to {MAX_DEMO_WORLD} (default 2)")
-    parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     parser.add_argument("--batch", type=int, nargs="+", default=None, metavar="N",
                         help="examples per rank: one size for all, or one per rank (default 32)")
-    parser.add_argument("--flush-every", type=int, default=10, help="steps between merges (default 10)")
+    parser.add_argument("--flush-every", type=int, default=DDP_FLUSH_EVERY,
+                        help=f"steps between merges (default {DDP_FLUSH_EVERY}); a stop comes at most this many steps late")
     parser.add_argument("--nan-at", type=int, nargs=2, default=None, metavar=("RANK", "STEP"),
                         help="inject a NaN into RANK's batch at STEP: every rank stops at the next merge")
     parser.add_argument("--out", type=Path, default=Path("ddp-demo"), metavar="DIR", help="folder for the outputs (default ddp-demo)")
