@@ -108,9 +108,30 @@ def _equal(got, expected) -> bool:
         return False
 
 
+def _is_array(value) -> bool:
+    "An array, or something that converts to one (a tensor), but not a string."
+    return isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not isinstance(value, (str, bytes, np.generic)))
+
+
+def _same_shape(got, expected) -> bool:
+    """Whether `got` has the shape `expected` asks for: sequences of one length (element by element), arrays of one
+    shape, or a non-empty `got` against a single number."""
+    if _is_array(got) or _is_array(expected):
+        try:
+            shape, wanted = tuple(np.shape(got)), tuple(np.shape(expected))
+        except Exception:            # ragged: fastcore's comparison decides (and fails)
+            return True
+        return shape == wanted or (wanted == () and 0 not in shape)
+    if isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple)):
+        return len(got) == len(expected) and all(_same_shape(g, e) for g, e in zip(got, expected))
+    return True
+
+
 def _close(got, expected, eps: float) -> bool:
-    "fastcore's `is_close` (what `test_close` compares), except that values it cannot compare are not close."
+    "fastcore's `is_close` (what `test_close` compares) on values of the same shape; values it cannot compare are not close."
     from fastcore.test import is_close
+    if not _same_shape(got, expected):
+        return False
     try:
         with np.errstate(all="ignore"):      # inf - inf is NaN, not close, and no warning on stderr
             return bool(is_close(got, expected, eps))
@@ -131,11 +152,6 @@ def _note(got, expected, eps=None) -> str:
     return " (NaN equals nothing, itself included: test `np.isnan` instead)" if eps is None else " (NaN is close to nothing)"
 
 
-def _is_array(value) -> bool:
-    "An array, or something that converts to one (a tensor), but not a string."
-    return isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not isinstance(value, (str, bytes, np.generic)))
-
-
 def _array_difference(got, expected, eps=None) -> str:
     "Where arrays `got` and `expected` differ (`eps` None: equal; else within `eps`): their shapes, or the first element."
     try:
@@ -144,7 +160,7 @@ def _array_difference(got, expected, eps=None) -> str:
         return ""
     dtypes = f"; dtype {g.dtype}, expected {e.dtype}" if _is_array(got) and _is_array(expected) and g.dtype != e.dtype else ""
     try:
-        if eps is None and g.shape != e.shape:
+        if g.shape != e.shape and not (eps is not None and e.shape == () and g.size):
             raise ValueError("shapes differ")
         with np.errstate(all="ignore"):
             off = ~(np.abs(g - e) < eps) if eps is not None else ~(g == e)
@@ -172,7 +188,7 @@ def _first_difference(got, expected, eps=None, path: str = "") -> str:
             return f"{at}keys missing {_show(missing, 40)}, unexpected {_show(extra, 40)}"
         pairs = [(f"[{k!r}]", got[k], expected[k]) for k in expected]
     elif isinstance(got, (list, tuple)) and isinstance(expected, (list, tuple)):
-        if eps is None and len(got) != len(expected):
+        if len(got) != len(expected):
             return f"{at}length {len(got)}, expected {len(expected)}"
         pairs = [(f"[{i}]", g, e) for i, (g, e) in enumerate(zip(got, expected))]
     elif isinstance(got, str) and isinstance(expected, str):

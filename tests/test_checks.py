@@ -135,12 +135,15 @@ def _fastcore_answer(compare, *args):
 @settings(max_examples=300, deadline=None, database=None)
 @given(values, values)
 def test_same_answers_as_fastcore(got, expected):
-    "Wherever fastcore's comparisons answer, ours give the same answer; a failure's message is one bounded line."
+    """Wherever fastcore's comparisons answer, ours give the same answer, except that `test_close` refuses values of
+    different shapes (fastcore zips lists to the shorter and broadcasts arrays); a failure's message is one bounded line."""
     from fastcore.imports import equals
     from fastcore.test import is_close
     for ours, theirs, args in [(core._equal, equals, (got, expected)), (core._equal, equals, (got, got)),
                                (core._close, is_close, (got, expected, 0.5))]:
         answer = _fastcore_answer(theirs, *args)
+        if ours is core._close and not core._same_shape(got, expected):
+            answer = False
         if answer is not None:
             assert ours(*args) == answer, (args, answer)
     if not core._equal(got, expected):
@@ -163,3 +166,14 @@ def test_the_notebooks_use_the_course_checks():
              if c["cell_type"] == "code" and p.stem != "00_core"
              and any(line.startswith("from fastcore.test import") for line in "".join(c["source"]).splitlines())]
     assert not users, users
+
+
+def test_close_refuses_a_shape_fastcore_would_zip_or_broadcast():
+    "A wrong-length or wrong-shape answer fails `test_close` (fastcore's `is_close` passes each of these)."
+    from fastcore.test import is_close
+    for got, expected in [([1.0, 2.0, 3.0], [1.0, 2.0]), (np.array([]), 5.0), (np.array([1.0]), np.ones(3)),
+                          ((1.0,), [1.0, 99.0]), (np.ones((3, 1)), np.ones(3))]:
+        assert is_close(got, expected, 1e-5)
+        with pytest.raises(AssertionError, match="expected"):
+            core.test_close(got, expected)
+    core.test_close(np.zeros((2, 3)), 0.0)           # one expected number: every element of a non-empty array
