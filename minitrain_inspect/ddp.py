@@ -100,7 +100,11 @@ def _plain(delta, cross, m2):
 
 def merge_row_block(block) -> list:
     "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
-    rows = np.asarray(block, dtype=np.float64).reshape(len(block), -1, ROW_WIDTH)
+    rows = np.asarray(block, dtype=np.float64)
+    if rows.ndim < 2 or not len(rows) or rows[0].size % ROW_WIDTH:
+        raise ValueError(f"merge_row_block needs one row of {ROW_WIDTH} numbers per tensor from each of at least one rank, "
+                         f"got an array of shape {rows.shape}")
+    rows = rows.reshape(len(block), -1, ROW_WIDTH)
     count = rows.shape[1]
     n, residual, has = rows[..., 0], rows[..., 7], rows[..., 0] > 0
     shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(count), 1], 0.0)
@@ -870,14 +874,15 @@ def ddp_worker_main(argv=None) -> None:
     "Entry point of a worker process: its spec as JSON in `argv[0]` (default: the command line); prints its result as one JSON line."
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     print(json.dumps(ddp_worker(spec), default=str), flush=True)
-    if argv is None:       # a worker process (`worker_command`): its work is done and printed; skip the interpreter's
-        sys.stderr.flush()     # teardown, which with torch loaded costs 0.8 CPU-s a rank, and took ~20 s on busy cores
-        os._exit(0)
 
 # %% ../nbs/14b_ddp.ipynb #fa09982a
 def worker_command(spec: dict) -> list:
     "The command line that runs `ddp_worker(spec)` in a fresh Python process."
-    return [sys.executable, "-c", "from minitrain_inspect.ddp import ddp_worker_main; ddp_worker_main()", json.dumps(spec)]
+    # after printing, the worker skips the interpreter's teardown (os._exit): with torch loaded it costs 0.8 CPU-s a rank
+    # and took ~20 s on busy cores; only the worker process does this, never a caller of `ddp_worker_main`
+    code = ("import os, sys; from minitrain_inspect.ddp import ddp_worker_main; ddp_worker_main(sys.argv[1:]); "
+            "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)")
+    return [sys.executable, "-c", code, json.dumps(spec)]
 
 # %% ../nbs/14b_ddp.ipynb #9acfb9ca
 def run_ranks(spec: dict, timeout: float = 120.0) -> list:

@@ -298,6 +298,7 @@ def _block_shape(n: int) -> tuple[int, int]:
 
 def scratch_size(n: int) -> int:
     "How many float64 values a `scratch` for `tensor_moments` of `n` values needs: `n`, and the zeros that pad its blocks."
+    n = check_int(n, "n", 0)
     rows, width = _block_shape(max(n, 1))
     return max(n, rows * width)
 

@@ -282,3 +282,18 @@ def test_per_group_loss_goes_through_the_summed_path():
         steps, values = insp.history.get(f"per_class/{name}")
         assert steps.tolist() == [0, 1]
         np.testing.assert_allclose(values, float(per_example[groups == g].mean()), rtol=1e-14)
+
+
+def test_merge_row_block_refuses_what_is_not_rows():
+    "No ranks, or rows that are not whole rows of ROW_WIDTH numbers, are refused in one line naming the shape."
+    for block in ([], [[1.0, 2.0, 3.0]]):
+        with pytest.raises(ValueError, match="one row of 8 numbers"):
+            merge_row_block(block)
+
+
+def test_worker_command_exits_at_once_but_ddp_worker_main_returns():
+    "Only the worker process skips the interpreter's teardown; `ddp_worker_main` itself returns to its caller."
+    import inspect
+    from minitrain_inspect.ddp import ddp_worker_main, worker_command
+    assert "os._exit(0)" in worker_command({"rank": 0})[2]
+    assert "_exit" not in inspect.getsource(ddp_worker_main)

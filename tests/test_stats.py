@@ -485,3 +485,11 @@ def test_spectral_norm_of_huge_float32_weights_is_a_number():
     W = (np.random.default_rng(0).standard_normal((20, 10)) * 1e20).astype(np.float32)
     sigma = SpectralNorm(warmup=200).estimate(W)
     assert sigma == pytest.approx(np.linalg.norm(W.astype(np.float64), 2), rel=1e-4)
+
+
+def test_scratch_size_refuses_a_bad_count():
+    from minitrain_inspect.stats import scratch_size
+    for bad, error in [(-5, ValueError), (2.5, TypeError), ("7", TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="n must"):
+            scratch_size(bad)
+    assert scratch_size(0) == 1 and scratch_size(4096) == 4096 and scratch_size(4097) == 4098
