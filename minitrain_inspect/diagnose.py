@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Iterable, NamedTuple, Sequence
+from typing import Collection, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -618,10 +618,11 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
              thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
              plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1,
              held_out: Sequence[tuple[int, float]] = (), headline_acc: float = math.nan,
-             frozen_baseline_acc: float = math.nan) -> DiagnosticReport:
+             frozen_baseline_acc: float = math.nan, unheard: Collection[int] = ()) -> DiagnosticReport:
     """Run the protocol on the fixed batch `inputs`/`targets`, the losses so far and the held-out evaluations so far
     (`(position, loss)`, see `check_overfitting`); returns a `DiagnosticReport`. The probe runs under `threads` BLAS
-    threads. A PyTorch model is probed by the prober of §8."""
+    threads. A PyTorch model is probed by the prober of §8. `unheard` are the positions in `losses` of steps whose
+    training loss was not heard (NaN placeholders): they do not count as non-finite losses."""
     start = clock()
     th = _checked_thresholds(thresholds)
     prober = prober_for(model)
@@ -634,7 +635,8 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
     new = len(losses) if new is None else check_int(new, "new", 0, len(losses))
     pr = prober.probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
     checks = [check_growth(pr, th), *check_gradients(pr, th),
-              check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
+              check_nonfinite(pr, [x for i, x in enumerate(losses) if i >= len(losses) - new and i not in unheard], th,
+                              history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
               check_no_learning(losses, step, th, pr.loss, start_eval_loss),
               check_overfitting(held_out, losses, th), check_update_ratio(history, th),
@@ -719,6 +721,7 @@ class _DiagnoserRun(_DiagnoserState):
         self.run, self.plan, self.loss_fn = run, self._prober.plan(run.model), probe_loss
         self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
         self.held_out, self._step_losses, self._plain = [], [], False
+        self._unheard = set()       # positions in `losses` of plain-loop steps with no training loss heard
         self._pending, self._pending_held = [], []      # losses not yet read (a PyTorch loop's: device tensors)
         handle = self._prober.hook_loss(run.loss_fn, self._hear_loss)
         if handle is not None:
@@ -752,7 +755,7 @@ class _DiagnoserRun(_DiagnoserState):
                           new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
                           history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
                           loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1),
-                          held_out=self.held_out)
+                          held_out=self.held_out, unheard=self._unheard)
         if not self.reports:
             self.start_eval_loss = report.eval_loss
         self.reports.append(report)
@@ -817,6 +820,8 @@ class _DiagnoserLoop(_DiagnoserSchedule):
         self.before_step(self.step, None)
 
     def _after_update(self, optimizer, args, kwargs) -> None:
+        if not self._step_losses:       # no training loss heard: a NaN placeholder, not a non-finite loss
+            self._unheard.add(len(self.losses) + len(self._pending))
         losses, self._step_losses = self._step_losses or [math.nan], []
         if self._prober.deferred:       # device tensors: read at the next diagnosis, all in one transfer
             self._pending.append(losses)
