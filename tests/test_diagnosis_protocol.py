@@ -521,3 +521,21 @@ def test_the_torch_batch_takes_the_models_dtype_and_device():
     assert math.isfinite(d.eval_loss)
     inputs, targets = prober_for(model).check_batch(xs, ys, model)
     assert inputs.dtype == torch.float32 and inputs.device == model[0].weight.device and targets.dtype == torch.int64
+
+
+@needs_torch
+def test_the_ddp_inspectors_local_gradient_norm_is_the_same_with_the_diagnoser():
+    from minitrain_inspect.ddp import DDPInspector
+    x, y = small_batch()
+
+    def norms(with_diagnoser):
+        model = small_torch()
+        opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss()
+        with DDPInspector(model, optimizer=opt, loss_fn=loss_fn, flush_every=1, schedules={"gradients": 1}).attach() as ins:
+            d = Diagnoser(every=1).attach(model, opt, ins.loss_fn, x, y) if with_diagnoser else None
+            for _ in range(4):
+                opt.zero_grad(); ins.loss_fn(model(x), y).backward(); opt.step()
+            if d:
+                d.detach()
+        return ins.history.get("ranks/grad_norm/rank0")[1].tolist()
+    assert norms(True) == norms(False), "bit-identical: the probe's backward reaches no tensor hook of a parameter"
