@@ -1182,6 +1182,7 @@ def _torch_probe_pass(model, inputs, targets, loss_fn, plan: TorchProbePlan) -> 
     devices = sorted({p.device.index or 0 for _, p in plan.params if p.device.type == "cuda"})
     leaves = {n: p.detach().requires_grad_(p.requires_grad) for n, p in plan.params}     # no copy
     learning = [n for n, p in plan.params if p.requires_grad]         # now: a layer frozen after attach is left out
+    attrs = [(m, k, v) for m in plan.modules for k, v in vars(m).items() if isinstance(v, torch.Tensor)]   # pruning's weight
     with torch_hooks_paused(plan.modules + losses), torch.random.fork_rng(devices=devices), torch.enable_grad():
         try:
             model.eval()
@@ -1198,6 +1199,8 @@ def _torch_probe_pass(model, inputs, targets, loss_fn, plan: TorchProbePlan) -> 
                 handle.remove()
             for module, mode in modes:
                 module.training = mode           # each module's own mode, not model.train()'s one for all
+            for module, key, value in attrs:     # a pre-hook's weight, set from the probe's leaves: put back
+                module.__dict__[key] = value
     return seen, called, logits.detach(), loss.detach(), dict(zip(learning, grads))
 
 # %% ../nbs/15_diagnose.ipynb #b3e62da5

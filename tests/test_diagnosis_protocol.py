@@ -539,3 +539,13 @@ def test_the_ddp_inspectors_local_gradient_norm_is_the_same_with_the_diagnoser()
                 d.detach()
         return ins.history.get("ranks/grad_norm/rank0")[1].tolist()
     assert norms(True) == norms(False), "bit-identical: the probe's backward reaches no tensor hook of a parameter"
+
+
+@needs_torch
+def test_the_torch_probe_puts_back_a_pruned_modules_weight_attribute():
+    import torch.nn.utils.prune as prune
+    model, (x, y) = small_torch(), small_batch()
+    prune.l1_unstructured(model[0], "weight", 0.5)
+    before = model[0].weight
+    prober_for(model).probe(model, x, y)
+    assert model[0].weight is before, "the pre-hook's weight from the probe's graph is not left on the module"
