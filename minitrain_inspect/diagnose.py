@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Iterable, NamedTuple, Sequence
+from typing import Collection, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -556,7 +556,7 @@ class MinitrainProber:
         "What the probe needs to know about `model`, found once."
         return ProbePlan.of(model)
 
-    def check_batch(self, inputs, targets) -> tuple:
+    def check_batch(self, inputs, targets, model=None) -> tuple:
         "The evaluation batch as arrays, checked."
         return _checked_batch(inputs, targets)
 
@@ -582,7 +582,7 @@ class MinitrainProber:
         "The number a loss module's output gives."
         return float(output.loss)
 
-    def held_out(self, model, loss_module) -> bool:
+    def held_out(self, model, loss_module, output=None) -> bool:
         "True for a held-out evaluation: the loss module is in eval mode."
         return not loss_module.training
 
@@ -618,23 +618,25 @@ def diagnose(model: Module, inputs: np.ndarray, targets: np.ndarray, *, step: in
              thresholds: DiagnosticThresholds | None = None, loss_fn: Module | None = None,
              plan: ProbePlan | None = None, clock=time.perf_counter, threads: int = 1,
              held_out: Sequence[tuple[int, float]] = (), headline_acc: float = math.nan,
-             frozen_baseline_acc: float = math.nan) -> DiagnosticReport:
+             frozen_baseline_acc: float = math.nan, unheard: Collection[int] = ()) -> DiagnosticReport:
     """Run the protocol on the fixed batch `inputs`/`targets`, the losses so far and the held-out evaluations so far
     (`(position, loss)`, see `check_overfitting`); returns a `DiagnosticReport`. The probe runs under `threads` BLAS
-    threads. A PyTorch model is probed by the prober of §8."""
+    threads. A PyTorch model is probed by the prober of §8. `unheard` are the positions in `losses` of steps whose
+    training loss was not heard (NaN placeholders): they do not count as non-finite losses."""
     start = clock()
     th = _checked_thresholds(thresholds)
     prober = prober_for(model)
     plan = prober.plan(model) if plan is None else plan
     step = check_int(step, "step", 0)
-    inputs, targets = prober.check_batch(inputs, targets)
+    inputs, targets = prober.check_batch(inputs, targets, model)
     if losses is None:
         losses = list(history.get("loss/train")[1]) if history is not None else []
     losses = [float(x) for x in losses]
     new = len(losses) if new is None else check_int(new, "new", 0, len(losses))
     pr = prober.probe(model, inputs, targets, loss_fn=loss_fn, plan=plan, threads=threads)
     checks = [check_growth(pr, th), *check_gradients(pr, th),
-              check_nonfinite(pr, losses[len(losses) - new:], th, history_nonfinite(history, since)),
+              check_nonfinite(pr, [x for i, x in enumerate(losses) if i >= len(losses) - new and i not in unheard], th,
+                              history_nonfinite(history, since)),
               check_dead_units(pr, th), check_loss_spike(losses, new, th),
               check_no_learning(losses, step, th, pr.loss, start_eval_loss),
               check_overfitting(held_out, losses, th), check_update_ratio(history, th),
@@ -719,6 +721,7 @@ class _DiagnoserRun(_DiagnoserState):
         self.run, self.plan, self.loss_fn = run, self._prober.plan(run.model), probe_loss
         self.losses, self.reports, self.start_eval_loss, self.last_step = [], [], math.nan, -1
         self.held_out, self._step_losses, self._plain = [], [], False
+        self._unheard = set()       # positions in `losses` of plain-loop steps with no training loss heard
         self._pending, self._pending_held = [], []      # losses not yet read (a PyTorch loop's: device tensors)
         handle = self._prober.hook_loss(run.loss_fn, self._hear_loss)
         if handle is not None:
@@ -727,7 +730,7 @@ class _DiagnoserRun(_DiagnoserState):
     def _hear_loss(self, module, args, kwargs, out) -> None:
         "Loss hook: a loss computed in eval mode is a held-out evaluation; on a plain loop, a training loss too."
         value = self._prober.loss_value(out)
-        if self._prober.held_out(self.run.model, module):
+        if self._prober.held_out(self.run.model, module, out):
             at = len(self.losses) + len(self._pending)
             (self._pending_held if self._prober.deferred else self.held_out).append((at, value))
         elif self._plain:
@@ -752,7 +755,7 @@ class _DiagnoserRun(_DiagnoserState):
                           new=len(self.losses) - max(self.last_step, 0), start_eval_loss=self.start_eval_loss,
                           history=self.history, since=max(self.last_step, 0), thresholds=self.thresholds,
                           loss_fn=self.loss_fn, plan=self.plan, threads=getattr(self.run.config, "blas_threads", 1),
-                          held_out=self.held_out)
+                          held_out=self.held_out, unheard=self._unheard)
         if not self.reports:
             self.start_eval_loss = report.eval_loss
         self.reports.append(report)
@@ -807,7 +810,7 @@ class _DiagnoserLoop(_DiagnoserSchedule):
         config = SimpleNamespace(steps=math.inf, seed=0, diagnose_every=self.every_given, early_stop=bool(early_stop),
                                  blas_threads=check_int(threads, "threads", 1))
         self._start(RunContext(model, optimizer, loss_fn, config, None, RunControl()),
-                    *prober.check_batch(inputs, targets), prober.probe_loss(loss_fn))
+                    *prober.check_batch(inputs, targets, model), prober.probe_loss(loss_fn))
         self.step, self._plain = 0, True
         self._handles += [optimizer.register_step_pre_hook(self._before_update),
                           optimizer.register_step_post_hook(self._after_update)]
@@ -817,6 +820,8 @@ class _DiagnoserLoop(_DiagnoserSchedule):
         self.before_step(self.step, None)
 
     def _after_update(self, optimizer, args, kwargs) -> None:
+        if not self._step_losses:       # no training loss heard: a NaN placeholder, not a non-finite loss
+            self._unheard.add(len(self.losses) + len(self._pending))
         losses, self._step_losses = self._step_losses or [math.nan], []
         if self._prober.deferred:       # device tensors: read at the next diagnosis, all in one transfer
             self._pending.append(losses)
@@ -1118,12 +1123,13 @@ def cost_lines(cost: dict) -> list:
             f"(spread {100 * ov['min']:+.2f} to {100 * ov['max']:+.2f}%)"]
 
 # %% ../nbs/15_diagnose.ipynb #ad9d5105
-TORCH_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+TORCH_HOOK_TABLES = ("_forward_hooks", "_backward_hooks", "_backward_pre_hooks")      # what observers register
 
 
 @contextlib.contextmanager
 def torch_hooks_paused(modules: list):
-    "Pause the forward and backward hooks of every `nn.Module` in `modules` for the body; restore them after, also on error."
+    """Pause the forward hooks and backward hooks of every `nn.Module` in `modules` for the body; restore them after, also
+    on error. Forward pre-hooks keep running: pruning and hook-based weight norm compute the weight there."""
     saved = [(m, attr, m.__dict__[attr]) for m in modules for attr in TORCH_HOOK_TABLES]
     for m, attr, _ in saved:
         m.__dict__[attr] = collections.OrderedDict()
@@ -1137,8 +1143,8 @@ def torch_hooks_paused(modules: list):
 class TorchProbePlan(NamedTuple):
     "What the PyTorch probe needs to know about a model, found once."
     acts: list          # (name, module, kind): ReLU-like ('relu'), Tanh and Sigmoid modules
-    weights: list       # (name of its weight, module) for each module whose own weight has 2+ dimensions and learns
-    params: list        # (name, parameter) of every parameter that learns
+    weights: list       # (its weight's parameter name, module) for each module whose own weight has 2+ dimensions
+    params: list        # (name, parameter) of every parameter, tied ones once; which learn is decided at each probe
     modules: list       # every module of the model
 
     @classmethod
@@ -1148,12 +1154,13 @@ class TorchProbePlan(NamedTuple):
             raise TypeError(f"the PyTorch probe needs a torch.nn.Module, got {type(model).__name__}")
         named = list(model.named_modules())
         acts = [(n or type(m).__name__, m, torch_activation_kind(m)) for n, m in named if torch_activation_kind(m)]
-        weights = [(f"{n}.weight" if n else "weight", m) for n, m in named
-                   if (w := m._parameters.get("weight")) is not None and w.dim() >= 2 and w.requires_grad]
-        if not weights:
+        params = list(model.named_parameters())                  # a tied parameter once, under its first name
+        names = {id(p): n for n, p in params}
+        weights = [(names[id(w)], m) for n, m in named if (w := m._parameters.get("weight")) is not None and w.dim() >= 2]
+        if not any(m._parameters["weight"].requires_grad for _, m in weights):
             raise ValueError(f"diagnose needs a layer with a weight matrix that learns (Linear, Conv...), and "
                              f"{type(model).__name__} has none")
-        return cls(acts, weights, [(n, p) for n, p in model.named_parameters() if p.requires_grad], [m for _, m in named])
+        return cls(acts, weights, params, [m for _, m in named])
 
 # %% ../nbs/15_diagnose.ipynb #39d9f584
 def _torch_seen(seen: list, name: str, kind: str, module, args, output) -> None:
@@ -1167,11 +1174,15 @@ def _torch_seen(seen: list, name: str, kind: str, module, args, output) -> None:
 
 
 def _torch_probe_pass(model, inputs, targets, loss_fn, plan: TorchProbePlan) -> tuple:
-    "One forward and backward pass in eval mode, hooks paused, generators forked: `(seen, called, logits, loss, grads)`."
+    """One forward and backward pass in eval mode, hooks paused, generators forked: `(seen, called, logits, loss, grads)`.
+    It runs through fresh leaves sharing the parameters' storage, so no tensor hook of a parameter fires."""
     torch = require_torch()
     seen, called, handles, modes = [], [], [], [(m, m.training) for m in plan.modules]
     losses = list(loss_fn.modules()) if is_torch_module(loss_fn) else []
     devices = sorted({p.device.index or 0 for _, p in plan.params if p.device.type == "cuda"})
+    leaves = {n: p.detach().requires_grad_(p.requires_grad) for n, p in plan.params}     # no copy
+    learning = [n for n, p in plan.params if p.requires_grad]         # now: a layer frozen after attach is left out
+    attrs = [(m, k, v) for m in plan.modules for k, v in vars(m).items() if isinstance(v, torch.Tensor)]   # pruning's weight
     with torch_hooks_paused(plan.modules + losses), torch.random.fork_rng(devices=devices), torch.enable_grad():
         try:
             model.eval()
@@ -1179,16 +1190,18 @@ def _torch_probe_pass(model, inputs, targets, loss_fn, plan: TorchProbePlan) -> 
                 handles.append(module.register_forward_hook(functools.partial(_torch_seen, seen, name, kind)))
             for name, module in plan.weights:
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: called.append(name)))
-            logits = first_tensor(model(inputs))
+            logits = first_tensor(torch.func.functional_call(model, leaves, (inputs,)))
             loss = loss_fn(logits, targets)
             loss = loss.mean() if loss.dim() else loss          # reduction='none': the batch's mean
-            grads = torch.autograd.grad(loss, [p for _, p in plan.params], allow_unused=True)
+            grads = torch.autograd.grad(loss, [leaves[n] for n in learning], allow_unused=True) if learning else ()
         finally:
             for handle in handles:
                 handle.remove()
             for module, mode in modes:
                 module.training = mode           # each module's own mode, not model.train()'s one for all
-    return seen, called, logits.detach(), loss.detach(), dict(zip((n for n, _ in plan.params), grads))
+            for module, key, value in attrs:     # a pre-hook's weight, set from the probe's leaves: put back
+                module.__dict__[key] = value
+    return seen, called, logits.detach(), loss.detach(), dict(zip(learning, grads))
 
 # %% ../nbs/15_diagnose.ipynb #b3e62da5
 def _torch_probe_measure(plan: TorchProbePlan, inputs, seen: list, called: list, logits, loss, grads: dict) -> Probe:
@@ -1204,8 +1217,9 @@ def _torch_probe_measure(plan: TorchProbePlan, inputs, seen: list, called: list,
     rms = [(label, next(numbers) / math.sqrt(len(inputs))) for label, _ in hidden]
     stuck = [(s[1], s[2], next(numbers)) for s in seen]
     grad_norms = {name: next(numbers) if name in present else 0.0 for name in grads}
-    order = called or [name for name, _ in plan.weights]      # no weight layer called as a module: registration order
-    return Probe(rms, stuck, grad_norms, (grad_norms[order[0]], grad_norms[order[-1]]), int(next(numbers)), next(numbers))
+    order = [n for n in called or [name for name, _ in plan.weights] if n in grads]   # uncalled: registration order
+    ends = (grad_norms[order[0]], grad_norms[order[-1]]) if order else (math.nan, math.nan)      # no weight learns now
+    return Probe(rms, stuck, grad_norms, ends, int(next(numbers)), next(numbers))
 
 # %% ../nbs/15_diagnose.ipynb #63640200
 class TorchProber:
@@ -1217,13 +1231,18 @@ class TorchProber:
         "What the probe needs to know about `model`, found once."
         return TorchProbePlan.of(model)
 
-    def check_batch(self, inputs, targets) -> tuple:
-        "The evaluation batch as tensors (a NumPy array is wrapped), as many targets as inputs, at least one."
+    def check_batch(self, inputs, targets, model=None) -> tuple:
+        """The evaluation batch as tensors (a NumPy array is wrapped), as many targets as inputs, at least one; with `model`,
+        on its device, floating values in the dtype of its first floating parameter."""
         torch = require_torch()
         inputs, targets = torch.as_tensor(inputs), torch.as_tensor(targets)
         if inputs.dim() < 1 or len(inputs) == 0 or targets.dim() < 1 or len(inputs) != len(targets):
             raise ValueError(f"the evaluation batch needs as many targets as inputs, and at least one, got "
                              f"{tuple(inputs.shape)} inputs and {tuple(targets.shape)} targets")
+        p = next((p for p in model.parameters() if p.is_floating_point()), None) if model is not None else None
+        if p is not None:
+            to = lambda t: t.to(p.device, p.dtype) if t.is_floating_point() else t.to(p.device)
+            inputs, targets = to(inputs), to(targets)
         return inputs, targets
 
     def probe(self, model, inputs, targets, *, loss_fn=None, plan=None, threads: int = 1) -> Probe:
@@ -1253,9 +1272,11 @@ class TorchProber:
         "The loss, kept as a detached device tensor: reading it now would be a host sync."
         return output.detach()
 
-    def held_out(self, model, loss_module) -> bool:
-        "True for a held-out evaluation: the model is in eval mode (a loss module's mode rarely follows it)."
-        return not model.training
+    def held_out(self, model, loss_module, output=None) -> bool:
+        """True for a held-out evaluation: no gradient can flow from the loss (`torch.no_grad()`, `inference_mode`, or
+        nothing in it learns). The model's mode does not decide: a loop can train in eval mode (frozen BatchNorm)."""
+        torch = require_torch()
+        return not (isinstance(output, torch.Tensor) and output.requires_grad)
 
     def host(self, values: list) -> list:
         "Each kept loss's mean (a `reduction='none'` loss is a vector), in one transfer."

@@ -421,3 +421,131 @@ def test_the_update_ratio_is_read_from_the_torch_inspectors_history(lr, verdict)
     ratio = next(c for c in d.reports[-1].checks if c.name == "update_ratio")
     assert [r.step for r in d.reports] == [0, 20, 40] and math.isfinite(ratio.value), ratio
     assert d.verdict == verdict and ratio.fired == (verdict == "warning"), (d.verdict, d.reasons)
+
+
+# --- the reviewer's defects of the torch probe (each test failed before its fix) ---------------------------------
+
+def small_torch(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def small_batch(n=16):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 4, generator=g), torch.arange(n) % 4
+
+
+@needs_torch
+def test_the_torch_probe_keeps_forward_pre_hooks_running_so_a_pruned_weight_is_current():
+    import torch.nn.utils.prune as prune
+    model, (x, y) = small_torch(), small_batch()
+    prune.l1_unstructured(model[0], "weight", 0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    pr = prober_for(model).probe(model, x, y)
+    loss = nn.functional.cross_entropy(model(x), y)          # model in train mode: no dropout or BatchNorm here
+    true = float(torch.autograd.grad(loss, [model[0].weight_orig])[0].double().norm())
+    # float32 gradients of the same graph; the norm is read in float64 of the same float32 values: equal to rounding
+    assert pr.grad_norms["0.weight_orig"] == pytest.approx(true, rel=1e-6)
+
+
+@needs_torch
+def test_the_torch_probe_fires_no_tensor_hook_of_a_parameter():
+    model, (x, y) = small_torch(), small_batch()
+    fired = []
+    for p in model.parameters():
+        p.register_hook(lambda g: fired.append(1))
+    prober_for(model).probe(model, x, y)
+    assert fired == []
+
+
+@needs_torch
+def test_the_torch_probe_handles_tied_weights():
+    model, (x, y) = small_torch(), small_batch()
+    model[2] = nn.Linear(4, 4)
+    model[0] = nn.Linear(4, 4)
+    model[2].weight = model[0].weight
+    pr = prober_for(model).probe(model, x, y)
+    assert "0.weight" in pr.grad_norms and "2.weight" not in pr.grad_norms
+    assert pr.first_last[0] == pr.first_last[1] == pr.grad_norms["0.weight"]
+
+
+@needs_torch
+def test_freezing_a_layer_after_attach_does_not_break_the_step():
+    model, (x, y) = small_torch(), small_batch(32)
+    opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss()
+    with Diagnoser(every=1).attach(model, opt, loss_fn, x, y) as d:
+        for step in range(3):
+            if step == 1:
+                model[0].requires_grad_(False)
+            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+    assert len(d.reports) == 3, "a diagnosis at each step, none raised from opt.step()"
+
+
+@needs_torch
+def test_a_training_loop_in_eval_mode_is_heard_as_training_and_a_no_grad_loss_as_held_out():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 4), torch.arange(64) % 2
+    model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss()
+    model.eval()                                         # frozen BatchNorm fine-tuning: training in eval mode
+    with Diagnoser(every=5).attach(model, opt, loss_fn, x[:32], y[:32]) as d:
+        for step in range(20):
+            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+            if step == 9:
+                with torch.no_grad():
+                    loss_fn(model(x[32:]), y[32:])       # a held-out evaluation
+            if d.should_stop:
+                break
+    assert step == 19 and len(d.losses) == 20 and all(math.isfinite(v) for v in d.losses)
+    assert [at for at, _ in d.held_out] == [10]
+    assert "non_finite" not in " ".join(d.reasons)
+
+
+@needs_torch
+def test_a_step_with_no_loss_heard_is_not_a_non_finite_loss():
+    model, (x, y) = small_torch(), small_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Diagnoser(every=2).attach(model, opt, nn.CrossEntropyLoss(), x, y) as d:
+        for _ in range(4):                               # the loss is computed by a function, not the attached module
+            opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    assert "non_finite" not in " ".join(d.reasons) and d.verdict != "failing"
+
+
+@needs_torch
+def test_the_torch_batch_takes_the_models_dtype_and_device():
+    model = small_torch()
+    xs, ys = np.random.default_rng(0).standard_normal((16, 4)), np.arange(16) % 4     # NumPy's float64 default
+    d = diagnose(model, xs, ys)
+    assert math.isfinite(d.eval_loss)
+    inputs, targets = prober_for(model).check_batch(xs, ys, model)
+    assert inputs.dtype == torch.float32 and inputs.device == model[0].weight.device and targets.dtype == torch.int64
+
+
+@needs_torch
+def test_the_ddp_inspectors_local_gradient_norm_is_the_same_with_the_diagnoser():
+    from minitrain_inspect.ddp import DDPInspector
+    x, y = small_batch()
+
+    def norms(with_diagnoser):
+        model = small_torch()
+        opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss()
+        with DDPInspector(model, optimizer=opt, loss_fn=loss_fn, flush_every=1, schedules={"gradients": 1}).attach() as ins:
+            d = Diagnoser(every=1).attach(model, opt, ins.loss_fn, x, y) if with_diagnoser else None
+            for _ in range(4):
+                opt.zero_grad(); ins.loss_fn(model(x), y).backward(); opt.step()
+            if d:
+                d.detach()
+        return ins.history.get("ranks/grad_norm/rank0")[1].tolist()
+    assert norms(True) == norms(False), "bit-identical: the probe's backward reaches no tensor hook of a parameter"
+
+
+@needs_torch
+def test_the_torch_probe_puts_back_a_pruned_modules_weight_attribute():
+    import torch.nn.utils.prune as prune
+    model, (x, y) = small_torch(), small_batch()
+    prune.l1_unstructured(model[0], "weight", 0.5)
+    before = model[0].weight
+    prober_for(model).probe(model, x, y)
+    assert model[0].weight is before, "the pre-hook's weight from the probe's graph is not left on the module"
