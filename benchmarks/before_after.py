@@ -31,8 +31,14 @@ def load_copy(path: str):
     path = os.path.abspath(path)
     if not os.path.isfile(os.path.join(path, "overhead.py")):
         raise SystemExit(f"{path} does not hold a copy of the package (no overhead.py)")
+    if os.path.basename(path) == overhead.__name__.split(".")[0]:   # it would import this package again, not the copy
+        raise SystemExit(f"{path}: rename the copy's folder (e.g. minitrain_inspect_before); under the package's own "
+                         "name it would be this package, compared with itself")
     sys.path.insert(0, os.path.dirname(path))
-    return importlib.import_module(f"{os.path.basename(path)}.overhead")
+    before = importlib.import_module(f"{os.path.basename(path)}.overhead")
+    if before is overhead:
+        raise SystemExit(f"{path} imported as this package itself; give the copy a folder name of its own")
+    return before
 
 
 def measure(before, config: TrainConfig, data, variants, repeats: int, clock) -> dict[str, list[float]]:
