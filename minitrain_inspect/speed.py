@@ -20,12 +20,12 @@ from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, 
                                      welford_update)
 
 # %% auto #0
-__all__ = ['SQUARES_LANES', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
+__all__ = ['SQUARES_LANES', 'SUM_CHUNK', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
            'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'SPECTRAL_LANES', 'squares_bound', 'subtract_measuring_numpy',
            'subtract_kernel', 'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary',
-           'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels', 'compiled_moments', 'compiled_squares',
-           'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm', 'CompiledOps', 'FastUpdatePanel',
-           'fast_inspector']
+           'first_pass', 'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels', 'compiled_moments',
+           'compiled_squares', 'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm', 'CompiledOps',
+           'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -243,52 +243,63 @@ def compiled_unit_summary(output, kind: str, bins: int = 40) -> tuple[UnitHealth
             Histogram(counts / valid, below / valid, above / valid, output.size - valid))
 
 # %% ../nbs/10a_speed.ipynb #e1998c1b
-MOMENT_LANES = 64                    # float64 partial sums per quantity: value k of each row of 64 goes to lane k
-LANE_BLOCK = MOMENT_LANES * 2048     # values per set of lanes; the block sums are added by math.fsum
-LANE_ROUNDINGS = 1 + LANE_BLOCK // MOMENT_LANES + (MOMENT_LANES - 1) + 1   # roundings a term goes through, at most
+SUM_CHUNK = 2048                     # first pass: values a chunk, summed in any order; the chunk sums added in order
+MOMENT_LANES = 64                    # second pass: float64 partial sums; value k of each row of 64 goes to lane k
+LANE_BLOCK = MOMENT_LANES * 2048     # values a block (64 chunks, or one set of lanes); block sums added by math.fsum
+LANE_ROUNDINGS = max((SUM_CHUNK - 1) + LANE_BLOCK // SUM_CHUNK + 1,                # first pass: chunk, chunks, fsum
+                     1 + LANE_BLOCK // MOMENT_LANES + (MOMENT_LANES - 1) + 1)      # second: pair, rows, lanes, fsum
 LANE_SUM_ERROR = LANE_ROUNDINGS * 2.0**-53 / (1 - LANE_ROUNDINGS * 2.0**-53)  # |sum - exact| <= this * sum(|t|)
 LANE_ONE_PASS_LIMIT = 16.0           # one pass (float32): S2 - S1**2 / n kept while S2 <= 16 M2
 LANE_ONE_PASS_ERROR = LANE_ONE_PASS_LIMIT * (3 * LANE_SUM_ERROR + 4 * 2.0**-53) + 2 * 2.0**-53   # M2's bound then
 
 # %% ../nbs/10a_speed.ipynb #4830e5b7
-def _sums_and_extremes(values, sums, squares):
-    '''Kernel body: `sums[b]` and `squares[b]`, the float64 sums of the values and of their squares over block b
-    (`LANE_BLOCK` values) of the 1-D float array `values`, in `MOMENT_LANES` lanes, two rows at a time; returns the least
-    and greatest value (NaN skipped: the sums say so).'''
-    n = values.size
-    lane, lane_sq = np.zeros(MOMENT_LANES), np.zeros(MOMENT_LANES)
-    lo, hi = np.full(MOMENT_LANES, np.inf, values.dtype), np.full(MOMENT_LANES, -np.inf, values.dtype)
-    for b in range(sums.size):
-        start = b * LANE_BLOCK
-        pairs = (min(n, start + LANE_BLOCK) - start) // (2 * MOMENT_LANES)
-        for k in range(MOMENT_LANES):
-            lane[k] = 0.0
-            lane_sq[k] = 0.0
-        for r in range(pairs):
-            row = start + r * 2 * MOMENT_LANES
-            for k in range(MOMENT_LANES):       # a constant trip count: vectorised across the lanes
-                v, w = np.float64(values[row + k]), np.float64(values[row + MOMENT_LANES + k])
-                lane[k] += v + w
-                lane_sq[k] += v * v + w * w     # exact squares for float32 values
-            for k in range(MOMENT_LANES):       # the extremes in a loop of their own: it vectorises too
-                v, w = values[row + k], values[row + MOMENT_LANES + k]
-                lo[k] = v if v < lo[k] else lo[k]
-                hi[k] = v if v > hi[k] else hi[k]
-                lo[k] = w if w < lo[k] else lo[k]
-                hi[k] = w if w > hi[k] else hi[k]
-        row = start + pairs * 2 * MOMENT_LANES
-        for i in range(min(n, start + LANE_BLOCK) - row):   # the tail: fewer than 128 values, two at most a lane
-            v = values[row + i]
-            lane[i % MOMENT_LANES] += np.float64(v)
-            lane_sq[i % MOMENT_LANES] += np.float64(v) * np.float64(v)
-            lo[i % MOMENT_LANES] = v if v < lo[i % MOMENT_LANES] else lo[i % MOMENT_LANES]
-            hi[i % MOMENT_LANES] = v if v > hi[i % MOMENT_LANES] else hi[i % MOMENT_LANES]
-        total, square = 0.0, 0.0
-        for k in range(MOMENT_LANES):           # the lanes, in order
-            total += lane[k]
-            square += lane_sq[k]
-        sums[b], squares[b] = total, square
-    return lo.min(), hi.max()
+def _chunk_sums(values):
+    "Kernel body (compiled with reassociation allowed): the float64 sums of the 1-D float array's values and squares."
+    total, square = 0.0, 0.0
+    for i in range(values.size):
+        v = np.float64(values[i])
+        total += v
+        square += v * v          # exact for float32 values; one rounding for float64
+    return total, square
+
+# %% ../nbs/10a_speed.ipynb #20be36e2
+def _order_extremes(bits, shift, magnitude, lo, hi):
+    '''Kernel body: the least and greatest of the integer views `bits` of float values, compared by their order keys
+    (the magnitude bits of negative values flipped); `lo`, `hi` start as the integer type's extremes.'''
+    for i in range(bits.size):
+        b = bits[i]
+        key = b ^ ((b >> shift) & magnitude)
+        lo = key if key < lo else lo
+        hi = key if key > hi else hi
+    return lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)     # the same flip maps a key back
+
+# %% ../nbs/10a_speed.ipynb #7110d9e1
+def first_pass(chunk_sums: Callable, order_extremes: Callable) -> Callable:
+    "The first pass `sums_and_extremes(values, sums, squares)` from its pieces (Python bodies, or compiled kernels)."
+    def sums_and_extremes(values, sums, squares):
+        n = values.size
+        for b in range(sums.size):
+            end = min(n, (b + 1) * LANE_BLOCK)
+            total, square = 0.0, 0.0
+            for start in range(b * LANE_BLOCK, end, SUM_CHUNK):       # the chunks in order
+                s, q = chunk_sums(values[start:min(end, start + SUM_CHUNK)])
+                total += s
+                square += q
+            sums[b], squares[b] = total, square
+        ends = np.empty(2, values.dtype)
+        if values.itemsize == 4:
+            keys = ends.view(np.int32)
+            keys[0], keys[1] = order_extremes(values.view(np.int32), np.int32(31), np.int32(0x7FFFFFFF),
+                                              np.int32(0x7FFFFFFF), np.int32(-0x80000000))
+        else:
+            keys = ends.view(np.int64)
+            keys[0], keys[1] = order_extremes(values.view(np.int64), np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF),
+                                              np.int64(0x7FFFFFFFFFFFFFFF), np.int64(-0x8000000000000000))
+        return ends[0], ends[1]
+    return sums_and_extremes
+
+
+_sums_and_extremes = first_pass(_chunk_sums, _order_extremes)
 
 # %% ../nbs/10a_speed.ipynb #ec79a327
 def _deviation_sums(values, mean, squares, deviations):
@@ -398,19 +409,22 @@ def lane_moments(kernels: LaneKernels, flat: np.ndarray) -> TensorMoments | None
 # %% ../nbs/10a_speed.ipynb #7ddaca83
 @functools.cache
 def moment_lane_kernels() -> LaneKernels | None:
-    "`LANE_BODIES` compiled by numba (once per process, no fastmath), or None without numba."
+    "`LANE_BODIES` compiled by numba (once per process; only `_chunk_sums` may reassociate), or None without numba."
     numba = optional_numba()
     if numba is None:
         return None
     with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
         arrays, sums, f64 = (numba.float32[::1], numba.float64[::1]), numba.float64[::1], numba.float64
-        sums_pass = jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(_sums_and_extremes)
+        chunk_sums = jit([numba.types.UniTuple(f64, 2)(a) for a in arrays], fastmath={"reassoc"})(_chunk_sums)
+        order_extremes = jit([numba.types.UniTuple(i, 2)(i[::1], i, i, i, i) for i in (numba.int32, numba.int64)])(
+            _order_extremes)
+        sums_pass = jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(
+            first_pass(chunk_sums, order_extremes))
         deviation_pass = jit([numba.void(a, f64, sums, sums) for a in arrays])(_deviation_sums)
         route = numba.types.Tuple((numba.boolean, f64, f64, f64, f64))
         one_block = jit([route(a) for a in arrays])(lane_route(sums_pass, deviation_pass))
         return LaneKernels(sums_pass, deviation_pass, one_block)
-
 
 # %% ../nbs/10a_speed.ipynb #cfb2c60b
 def _lane_input(x) -> bool:
@@ -427,14 +441,14 @@ def compiled_moments(x) -> TensorMoments:
 
 # %% ../nbs/10a_speed.ipynb #2020712b
 def compiled_squares(x) -> float | None:
-    '''The float64 sum of the squares of `x` by the compiled pass, within `LANE_SUM_ERROR` (+ one rounding a square for
-    float64) of the exact sum; None where the pass does not apply (no numba, or not a `_lane_input`).'''
+    '''The float64 sum of the squares of `x` by the compiled first pass, within `LANE_SUM_ERROR` (+ one rounding a square
+    for float64) of the exact sum; None where the pass does not apply (no numba, or not a `_lane_input`).'''
     kernels = moment_lane_kernels() if _lane_input(x) else None
     if kernels is None:
         return None
     blocks = np.empty((2, -(-x.size // LANE_BLOCK)))
-    kernels.deviations(x.reshape(-1), 0.0, blocks[0], blocks[1])
-    return _block_total(blocks[0])
+    kernels.sums(x.reshape(-1), blocks[0], blocks[1])
+    return _block_total(blocks[1])
 
 # %% ../nbs/10a_speed.ipynb #a1a59d9f
 SPECTRAL_LANES = 32     # float64 partial sums of a row's products: product j goes to lane j % 32

@@ -351,11 +351,23 @@ def test_the_lane_route_by_its_python_bodies_is_within_the_bounds_of_08_stats(se
 @needs_numba
 @settings(max_examples=40, deadline=None)
 @given(**MOMENT_CASES)
-def test_the_compiled_passes_are_their_python_bodies_bit_for_bit(seed, n, dtype, offset, scale, repeats):
+def test_the_compiled_passes_are_within_the_bounds_and_the_deviation_pass_is_its_body_bit_for_bit(seed, n, dtype, offset,
+                                                                                                   scale, repeats):
     x = moment_data(seed, n, dtype, offset, scale, repeats)
     kernels = moment_lane_kernels()
-    assert lane_moments(kernels, x) == lane_moments(BODIES, x)
-    assert speed._blocks_route(kernels, x) == lane_moments(kernels, x)   # one block: the same arithmetic either way
+    tm = lane_moments(kernels, x)                  # the first pass may reassociate inside a chunk: the bounds, not bits
+    assert tm is not None
+    if x.min() == x.max():
+        assert tm == TensorMoments(n, float(x[0]), 0.0, float(x[0]), float(x[0]))
+    else:
+        assert_within_08_bounds(tm, x)
+    assert speed._blocks_route(kernels, x) == tm   # one block: the same arithmetic either way
+    sums = np.empty((4, 1))
+    assert kernels.sums(x, sums[0], sums[1]) == (x.min(), x.max())
+    BODIES.sums(x, sums[2], sums[3])
+    exact = math.fsum(x.astype(np.float64))
+    bound = (LANE_SUM_ERROR + 2.0**-52) * math.fsum(np.abs(x.astype(np.float64)))   # and fsum's own rounding
+    assert abs(sums[0, 0] - exact) <= bound and abs(sums[2, 0] - exact) <= bound
     blocks = np.empty((4, 1))
     kernels[1](x, 0.0, blocks[0], blocks[1])
     BODIES[1](x, 0.0, blocks[2], blocks[3])
