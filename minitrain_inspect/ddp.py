@@ -30,16 +30,16 @@ from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchIn
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS',
-           'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows',
-           'merge_row_block', 'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept',
-           'layout_signature', 'layout_names', 'check_layouts', 'merged_points', 'fixed_points', 'loss_points',
-           'loss_spread', 'loss_block_points', 'gather_rows', 'sum_across', 'cat64', 'stack64', 'kept_values',
-           'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'DDPReplace', 'DDPUnpack', 'DDPNormPoints',
-           'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm', 'DDPNorms', 'CollectiveGuard',
-           'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error', 'DDPFailureStore', 'DDPFailure',
-           'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note', 'save_ddp_dashboard', 'save_run',
-           'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class', 'ddp_worker', 'leave',
+__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'MAX_RANK_SERIES', 'FAILURE_KEY',
+           'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
+           'row_moments', 'merge_rows', 'merge_row_block', 'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind',
+           'sort_kept', 'layout_signature', 'layout_names', 'check_layouts', 'merged_points', 'fixed_points',
+           'loss_points', 'loss_spread', 'spread_points', 'gather_rows', 'sum_across', 'kept_values', 'stacked',
+           'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows', 'DDPReplace', 'DDPUnpack',
+           'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm', 'DDPNorms',
+           'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error', 'DDPFailureStore',
+           'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note', 'save_ddp_dashboard',
+           'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class', 'ddp_worker', 'leave',
            'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result', 'add_ddp_demo_arguments', 'demo_spec',
            'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
@@ -96,7 +96,8 @@ def merge_rows(rows) -> TensorMoments:
 # %% ../nbs/14b_ddp.ipynb #8e3f5b2b
 def _plain(delta, cross, m2):
     "Where one vectorised Chan step is what `merge_moments` computes: |delta| squares safely, n_a·n_b is exact, M2 is plain."
-    safe = (delta == 0.0) | ((np.abs(delta) >= _SAFE_MEAN[0]) & (np.abs(delta) <= _SAFE_MEAN[1]))
+    size = np.abs(delta)
+    safe = (delta == 0.0) | ((size >= _SAFE_MEAN[0]) & (size <= _SAFE_MEAN[1]))
     return safe & (cross < 2.0 ** 53) & ((m2 == 0.0) | ((m2 >= _PLAIN[0]) & (m2 <= _PLAIN[1])))
 
 
@@ -268,10 +269,10 @@ def loss_spread(losses) -> tuple:
             worst.astype(np.float64).tolist())
 
 
-def loss_block_points(keys: list, losses) -> list:
-    "`loss_points(keys[j], losses[:, j])` for every step j of a flush, computed at once (`losses`: a row per rank)."
+def spread_points(keys: list, spread: tuple) -> list:
+    "`loss_points(keys[j], losses[:, j])` for every step j of a flush, from `spread = loss_spread(losses)`."
     names = {key: (key, *(f"ranks/{key.split('/', 1)[1]}/{f}" for f in ("min", "max", "worst_rank"))) for key in set(keys)}
-    return [list(zip(names[key], numbers)) for key, *numbers in zip(keys, *loss_spread(losses))]
+    return [list(zip(names[key], numbers)) for key, *numbers in zip(keys, *spread)]
 
 # %% ../nbs/14b_ddp.ipynb #b7cbb486
 def _comm_tensor(packed, group=None):
@@ -304,44 +305,40 @@ def _numel(t) -> int:
     return t.numel()
 
 
-def cat64(tensors: list, device):
-    "1-D `tensors` end to end as one float64 vector on `device`: one `torch.cat` (an empty vector for none)."
-    torch = require_torch()
-    return torch.cat(tensors).to(device, torch.float64) if tensors else torch.zeros(0, dtype=torch.float64, device=device)
-
-
-def stack64(scalars: list, device):
-    "0-d tensors side by side as one float64 vector on `device`: one `torch.stack` (an empty vector for none)."
-    torch = require_torch()
-    return torch.stack(scalars).to(device, torch.float64) if scalars else torch.zeros(0, dtype=torch.float64, device=device)
-
-
 def kept_values(entries: list) -> list:
     "The kept values of `sort_kept`'s `entries`."
     return [entry[4] for entry in entries]
 
+
+def stacked(scalars: list) -> list:
+    "0-d tensors side by side, as a list of one float64 vector (of none if there are none): a part of the packed vector."
+    torch = require_torch()
+    return [torch.stack(scalars).to(torch.float64)] if scalars else []
+
 # %% ../nbs/14b_ddp.ipynb #1b8efc9d
 class DDPPack:
-    "Packing what the panels kept into one float64 vector: one `torch.cat` or `torch.stack` per kind, however many values."
+    "Packing what the panels kept into one float64 vector: one `torch.cat` of every value, however many there are."
 
     def _pack(self):
-        "(the kept values by kind; the packed parts in order: rows, same, losses, norms, sums; the layout's names)."
-        kept, device = sort_kept(self.panels), self._device()
-        parts = [cat64([v.tensors[0] for v in kept_values(kept["rows"])], device),      # each a row of 8 (`DDPOps`)
-                 cat64([v.tensors[0] for v in kept_values(kept["same"])], device),
-                 stack64([v if v.dim() == 0 else v.reshape(-1)[0] for v in kept_values(kept["loss"])], device),
-                 stack64([t for _, local_sq, global_sq in self._norms for t in (local_sq, global_sq)], device),
-                 cat64([t.reshape(-1) for v in kept_values(kept["sum"]) for t in v.tensors], device)]
-        return kept, parts, layout_names(kept, [step for step, _, _ in self._norms])
+        "(the kept values by kind; the float64 vectors to pack, in order: rows, same, losses, norms, sums; their numbers per kind)."
+        torch, kept = require_torch(), sort_kept(self.panels)
+        rows, same = [e[4].tensors[0] for e in kept["rows"]], [e[4].tensors[0] for e in kept["same"]]    # (panel, i, key, step, value)
+        losses = [v if v.dim() == 0 else v.reshape(-1)[0] for v in kept_values(kept["loss"])]    # a loss: its (first) number
+        norms = [t for _, local_sq, global_sq in self._norms for t in (local_sq, global_sq)]
+        sums = [t.reshape(-1).to(torch.float64) for v in kept_values(kept["sum"]) for t in v.tensors]
+        sizes = [ROW_WIDTH * len(rows), ROW_WIDTH * len(same), len(losses), len(norms), sum(map(_numel, sums))]
+        return kept, rows + same + stacked(losses) + stacked(norms) + sums, sizes
 
     def _packed(self, parts: list, names: list):
-        "The gathered vector: signature, stop flag, wanted strides, then the parts, on the parameters' device."
+        "The gathered vector, float64 on the parameters' device: signature, stop flag, wanted strides, then the parts."
         torch = require_torch()
         header = [layout_signature(names), float(bool(self._stop_request))] + self._wanted_strides()
-        return torch.cat([torch.tensor(header, dtype=torch.float64, device=self._device())] + parts)
-
-    def _device(self):
-        return self.params[0][1].device if self.params else "cpu"
+        device = self.params[0][1].device if self.params else "cpu"
+        head = torch.tensor(header, dtype=torch.float64, device=device)
+        try:
+            return torch.cat([head] + parts)          # all float64: no type promotion, one copy
+        except RuntimeError:       # values on several devices (a model split across them): each moved to the first's
+            return torch.cat([head] + [p.to(device) for p in parts])
 
     def _header_size(self) -> int:
         return HEADER + len(self.panels) + 1
@@ -370,42 +367,50 @@ def differing(block, width: int = ROW_WIDTH) -> list:
     return np.flatnonzero(differ.reshape(len(block) - 1, block.shape[1] // width, width).any(axis=(0, 2))).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #154f89d9
+EMPTY_ROW = (0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, 0.0)     # the row of a rank with no finite value: a merge skips it
+
+
+def rank0_rows(block):
+    "`block` (a row per rank of 8-number rows) with every rank's rows but rank 0's made empty: merged, they give rank 0's own."
+    empty = np.tile(EMPTY_ROW, (len(block) - 1, block.shape[1] // ROW_WIDTH))
+    return np.concatenate([block[:1], empty])
+
+# %% ../nbs/14b_ddp.ipynb #f07b2d19
 class DDPReplace:
     "Each kind's kept values replaced by host values merged over the ranks, from its gathered block (a row per rank)."
 
-    def _replace(self, panel, i: int, finish) -> None:
-        key, step, _ = panel.pending[i]
+    def _replace(self, entry: tuple, finish) -> None:
+        "Put `Later(finish, ())` (no device value left) in place of the kept value of `entry` (`sort_kept`'s)."
+        panel, i, key, step, _ = entry
         panel.pending[i] = (key, step, Later(finish, ()))
 
     def _unpack_moments(self, entries: list, block) -> None:
         "Every tensor's rows merged at once (`merge_row_block`, rank order); each becomes its `merged_points`."
-        if entries:
-            for (panel, i, _, _, value), tm in zip(entries, merge_row_block(block)):
-                self._replace(panel, i, functools.partial(merged_points, *value.finish.args[:3], tm))
+        for entry, tm in zip(entries, merge_row_block(block) if entries else ()):
+            self._replace(entry, functools.partial(merged_points, *entry[4].finish.args[:3], tm))
 
-    def _unpack_losses(self, entries: list, block) -> None:
-        "Each loss: the mean over ranks and its spread (`loss_block_points`), as fixed points."
-        points = loss_block_points([key for _, _, key, _, _ in entries], block) if entries else []
-        for (panel, i, _, _, _), kept in zip(entries, points):
-            self._replace(panel, i, functools.partial(fixed_points, kept))
+    def _unpack_losses(self, entries: list, spread: tuple) -> None:
+        "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
+        for entry, points in zip(entries, spread_points([key for _, _, key, _, _ in entries], spread)):
+            self._replace(entry, functools.partial(fixed_points, points))
 
     def _unpack_sums(self, entries: list, sums: list) -> None:
         "Each summed value's `finish`, given its pieces of `sums` (added over the ranks), one per device tensor."
         at = 0
-        for panel, i, _, _, value in entries:
-            sizes = [_numel(t) for t in value.tensors]
-            self._replace(panel, i, functools.partial(value.finish, *split_sums(sums[at:at + sum(sizes)], sizes)))
+        for entry in entries:
+            sizes = [_numel(t) for t in entry[4].tensors]
+            self._replace(entry, functools.partial(entry[4].finish, *split_sums(sums[at:at + sum(sizes)], sizes)))
             at += sum(sizes)
 
 # %% ../nbs/14b_ddp.ipynb #6d2b9e47
 class DDPUnpack(DDPReplace):
     "Putting host values, merged over the ranks, back in the panels' kept lists."
 
-    def _unpack(self, kept: dict, rows, same, losses, sums: list) -> None:
-        "Replace each kept value (`kept`: `sort_kept`'s) by its merged host value, from the gathered blocks of each kind."
-        self._unpack_moments(kept["rows"], rows)
-        self._unpack_moments(kept["same"], same[:1])        # every rank holds them (after the allreduce): rank 0's
-        self._unpack_losses(kept["loss"], losses)
+    def _unpack(self, kept: dict, rows, same, spread: tuple, sums: list) -> None:
+        "Replace each kept value (`kept`: `sort_kept`'s) by its merged host value: gathered blocks, the losses' `loss_spread`."
+        # one merge for all moments: the gradients, equal on every rank (read after the allreduce), are rank 0's rows
+        self._unpack_moments(kept["rows"] + kept["same"], np.concatenate([rows, rank0_rows(same)], axis=1))
+        self._unpack_losses(kept["loss"], spread)
         self._unpack_sums(kept["sum"], sums)
         disagree = [kept["same"][t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)]
         if disagree:
@@ -454,13 +459,13 @@ class DDPStop:
         "True on every rank from the same step on, once a flush decided to stop: the loop breaks after `opt.step()`."
         return self.stopped is not None
 
-    def _decide_stop(self, entries: list, losses, flags: list) -> None:
-        "Stop if a rank asked (`flags`) or a training loss is not finite (`entries`: the kept losses; `losses`: their block)."
+    def _decide_stop(self, entries: list, losses, means: list, flags: list) -> None:
+        "Stop if a rank asked (`flags`) or a training loss is not finite (`entries`, `losses`: the kept losses, their block, `means`)."
         if self.stopped is not None:
             return
-        train = [j for j, (_, _, key, _, _) in enumerate(entries) if key == "loss/train"]
-        bad = [train[j] for j in np.flatnonzero(~np.isfinite(losses[:, train]).all(axis=0))[:1]]    # the first, in step order
-        reason = stop_reason(flags, [(entries[j][3], losses[:, j].tolist()) for j in bad])
+        bad = [j for j, mean in enumerate(means) if mean != mean]       # NaN: a rank's loss at that step is not finite
+        first = [(entries[j][3], losses[:, j].tolist()) for j in bad if entries[j][2] == "loss/train"][:1]
+        reason = stop_reason(flags, first)
         if reason is not None:
             self.stopped = {"step": self.step, "reason": reason}
             self.history.meta["ddp"]["stopped"] = self.stopped
@@ -472,16 +477,17 @@ class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
 
     def _to_host(self) -> None:
         start = time.perf_counter()
-        kept, parts, names = self._pack()
-        packed = self._packed(parts, names)
+        kept, parts, sizes = self._pack()
+        packed = self._packed(parts, layout_names(kept, [step for step, _, _ in self._norms]))
         gather_start = time.perf_counter()
         ranks = gather_rows(packed, self._collective, self.group)
         self.gather_seconds.append(time.perf_counter() - gather_start)   # the collective, waiting for the slowest rank included
         check_layouts(ranks)
-        rows, same, losses, norms, sums = cut_gathered(ranks, self._header_size(), [_numel(p) for p in parts])
-        self._decide_stop(kept["loss"], losses, ranks[:, 1].tolist())
+        rows, same, losses, norms, sums = cut_gathered(ranks, self._header_size(), sizes)
+        spread = loss_spread(losses)          # mean, min, max, worst rank of each loss over the ranks
+        self._decide_stop(kept["loss"], losses, spread[0], ranks[:, 1].tolist())
         self._agree_strides(ranks)
-        self._unpack(kept, rows, same, losses, sum_across(sums))
+        self._unpack(kept, rows, same, spread, sum_across(sums))
         self._unpack_norms(norms.tolist(), 0)
         self.merge_seconds.append(time.perf_counter() - start)     # the merge's own cost: what one process would not pay
         if "loss" in self._by_name:       # the budget guard counts it, as a cost no thinning removes (every flush gathers)

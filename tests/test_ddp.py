@@ -10,8 +10,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from minitrain_inspect.ddp import (DDP_FLUSH_EVERY, DEMO_SPEC, merge_row_block, merge_rows, row_moments, run_ranks,
-                                   shard_values, stop_reason, sum_across, worker_result)
+from minitrain_inspect.ddp import (DDP_FLUSH_EVERY, DEMO_SPEC, EMPTY_ROW, cut_gathered, differing, loss_points, loss_spread,
+                                   merge_row_block, merge_rows, rank0_rows, row_moments, run_ranks, shard_values, spread_points,
+                                   stop_reason, sum_across, worker_result)
 from minitrain_inspect.panels import History
 from minitrain_inspect.stats import TensorMoments
 
@@ -231,6 +232,45 @@ def test_block_merge_is_merge_rows_bit_for_bit(world, tensors, seed):
             rows.append(residual_row(x).tolist())
         block.append(rows)
     assert repr(merge_row_block(block)) == repr([merge_rows([rank[t] for rank in block]) for t in range(tensors)])
+
+
+@given(st.integers(1, 5), st.integers(0, 30), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_loss_spread_of_a_flush_is_loss_points_step_by_step(world, steps, seed):
+    "Every step's mean, min, max and worst rank computed at once are `loss_points`' own (NaN, inf, ties and signed zeros)."
+    rng = np.random.default_rng(seed)
+    block = rng.choice([0.25, 1.0, 3.5, 0.0, -0.0, 1e308, math.nan, math.inf, -math.inf], size=(world, steps),
+                       p=[0.2, 0.2, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
+    keys = [rng.choice(["loss/train", "loss/val"]) for _ in range(steps)]
+    try:
+        expected = [loss_points(key, column) for key, column in zip(keys, block.T.tolist())]
+    except OverflowError:        # math.fsum of 1e308 + 1e308: both raise alike
+        with pytest.raises(OverflowError):
+            loss_spread(block)
+        return
+    assert repr(spread_points(keys, loss_spread(block))) == repr(expected)
+
+
+@given(st.integers(1, 5), st.integers(0, 6), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_other_ranks_made_empty_merge_to_rank_zeros_own(world, tensors, seed):
+    "The gradients' rows (equal on every rank) ride in the one block merge as rank 0's row beside empty ones: rank 0's bits."
+    rng = np.random.default_rng(seed)
+    block = np.array([[residual_row(torch.from_numpy(rng.choice([0.0, 1e8, -1e300]) + rng.standard_normal(int(rng.integers(0, 9)))
+                                                     * rng.choice([1.0, 1e-200]))).tolist() for _ in range(tensors)]
+                      for _ in range(world)]).reshape(world, -1)
+    assert repr(merge_row_block(rank0_rows(block))) == repr(merge_row_block(block[:1]))
+    assert repr(merge_row_block(block[:1])) == repr([merge_rows([block[0, 8 * t:8 * t + 8].tolist()]) for t in range(tensors)])
+    assert rank0_rows(block)[1:].tolist() == [list(EMPTY_ROW) * tensors] * (world - 1)
+
+
+def test_gathered_array_cut_and_compared_by_column():
+    "The gathered array is cut into consecutive blocks of columns; a value differs if any rank's numbers differ (NaN too)."
+    ranks = np.arange(24.0).reshape(2, 12)
+    assert [b.shape for b in cut_gathered(ranks, 2, [8, 0, 1, 1])] == [(2, 8), (2, 0), (2, 1), (2, 1)]
+    assert cut_gathered(ranks, 2, [8, 0, 1, 1])[3].tolist() == [[11.0], [23.0]]
+    same = np.array([[1.0] * 8 + [2.0] * 8 + [math.nan] * 8, [1.0] * 8 + [2.0] * 7 + [3.0] + [math.nan] * 8])
+    assert differing(same) == [1, 2] and differing(same[:1]) == [] and differing(np.zeros((3, 0))) == []
 
 
 def test_sums_added_in_rank_order_and_default_cadence():
