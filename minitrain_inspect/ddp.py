@@ -25,23 +25,23 @@ import numpy as np
 from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
-                                             _units_last, first_tensor, group_points, moment_points, torch_activation_kind,
+                                             _units_last, first_tensor, group_points, host_moments, moment_points, torch_activation_kind,
                                              torch_moments)
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'MAX_RANK_SERIES', 'FAILURE_KEY',
            'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
-           'row_moments', 'merge_rows', 'merge_row_block', 'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind',
-           'sort_kept', 'layout_signature', 'layout_names', 'check_layouts', 'merged_points', 'fixed_points',
-           'loss_points', 'loss_spread', 'spread_points', 'gather_rows', 'sum_across', 'kept_values', 'stacked',
-           'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows', 'DDPReplace', 'DDPUnpack',
-           'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm', 'DDPNorms',
-           'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error', 'DDPFailureStore',
-           'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note', 'save_ddp_dashboard',
-           'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class', 'ddp_worker', 'leave',
-           'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result', 'add_ddp_demo_arguments', 'demo_spec',
-           'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
+           'row_moments', 'merge_rows', 'merged_numbers', 'merge_row_block', 'unit_counts', 'unit_points',
+           'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
+           'merged_points', 'fixed_points', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows', 'sum_across',
+           'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows', 'DDPReplace',
+           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
+           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
+           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
+           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
+           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+           'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
 ROW_WIDTH = 8   # n, mean, M2, min, max, non-finite count, NaN count, residual sum(x - mean) over the finite values
@@ -101,8 +101,8 @@ def _plain(delta, cross, m2):
     return safe & (cross < 2.0 ** 53) & ((m2 == 0.0) | ((m2 >= _PLAIN[0]) & (m2 <= _PLAIN[1])))
 
 
-def merge_row_block(block) -> list:
-    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+def merged_numbers(block) -> tuple:
+    "`merge_rows` of many tensors at once (`block[r][t]`: rank r's row of tensor t): a host row of 7 per tensor; `{t: TensorMoments}` where `merge_rows` merged."
     rows = np.asarray(block, dtype=np.float64)
     if rows.ndim < 2 or not len(rows) or rows[0].size % ROW_WIDTH:
         raise ValueError(f"merge_row_block needs one row of {ROW_WIDTH} numbers per tensor from each of at least one rank, "
@@ -125,10 +125,14 @@ def merge_row_block(block) -> list:
         lo, hi = np.where(has, rows[..., 3], math.inf).min(axis=0), np.where(has, rows[..., 4], -math.inf).max(axis=0)
         final = np.where(total_n > 0, np.minimum(np.maximum(mean + shift, lo), hi), 0.0)
     plain &= np.isfinite(mean)
-    fields = zip(total_n.tolist(), final.tolist(), m2.tolist(), lo.tolist(), hi.tolist(), rows[..., 5].sum(axis=0).tolist(),
-                 rows[..., 6].sum(axis=0).tolist())
-    return [TensorMoments(int(k), mu, s, a, b, int(nf), int(na)) if ok else merge_rows(rows[:, t].tolist())
-            for t, (ok, (k, mu, s, a, b, nf, na)) in enumerate(zip(plain.tolist(), fields))]
+    numbers = np.stack([total_n, final, m2, lo, hi, rows[..., 5].sum(axis=0), rows[..., 6].sum(axis=0)], axis=1).tolist()
+    return numbers, {t: merge_rows(rows[:, t].tolist()) for t in np.flatnonzero(~plain).tolist()}
+
+
+def merge_row_block(block) -> list:
+    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+    numbers, extreme = merged_numbers(block)
+    return [extreme[t] if t in extreme else host_moments(row) for t, row in enumerate(numbers)]
 
 # %% ../nbs/14b_ddp.ipynb #7b1e7b65
 def unit_counts(output, kind: str, bins: int):
@@ -379,15 +383,20 @@ def rank0_rows(block):
 class DDPReplace:
     "Each kind's kept values replaced by host values merged over the ranks, from its gathered block (a row per rank)."
 
-    def _replace(self, entry: tuple, finish) -> None:
-        "Put `Later(finish, ())` (no device value left) in place of the kept value of `entry` (`sort_kept`'s)."
+    def _replace(self, entry: tuple, finish, numbers: tuple = ()) -> None:
+        "Put `Later(finish, numbers)`, host numbers only, in place of the kept value of `entry` (`sort_kept`'s)."
         panel, i, key, step, _ = entry
-        panel.pending[i] = (key, step, Later(finish, ()))
+        panel.pending[i] = (key, step, Later(finish, numbers))
 
     def _unpack_moments(self, entries: list, block) -> None:
-        "Every tensor's rows merged at once (`merge_row_block`, rank order); each becomes its `merged_points`."
-        for entry, tm in zip(entries, merge_row_block(block) if entries else ()):
-            self._replace(entry, functools.partial(merged_points, *entry[4].finish.args[:3], tm))
+        "Every tensor's rows merged at once (`merged_numbers`, rank order): its own `finish` then reads the merged row."
+        numbers, extreme = merged_numbers(block) if entries else ([], {})
+        for t, (entry, row) in enumerate(zip(entries, numbers)):
+            finish = entry[4].finish          # moment_points, as for one process's row
+            if t in extreme:                  # merged by merge_rows: M2 may carry an exponent of its own
+                self._replace(entry, functools.partial(merged_points, *finish.args[:3], extreme[t]))
+            else:
+                self._replace(entry, finish, (row,))
 
     def _unpack_losses(self, entries: list, spread: tuple) -> None:
         "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
