@@ -246,7 +246,7 @@ def merged_points(state: dict, keys: list, nonfinite_key: str, tm: TensorMoments
 
 # %% ../nbs/14b_ddp.ipynb #1089c2f2
 def fixed_points(points: list) -> list:
-    "Points already on the host, as a `Later.finish` that needs no device value."
+    "Points already on the host, as a `Later.finish`: `Later(fixed_points, (points,))` gives `points` at the flush."
     return points
 
 # %% ../nbs/14b_ddp.ipynb #2993555c
@@ -384,7 +384,7 @@ class DDPReplace:
     "Each kind's kept values replaced by host values merged over the ranks, from its gathered block (a row per rank)."
 
     def _replace(self, entry: tuple, finish, numbers: tuple = ()) -> None:
-        "Put `Later(finish, numbers)`, host numbers only, in place of the kept value of `entry` (`sort_kept`'s)."
+        "Put `Later(finish, numbers)` in place of the kept value of `entry` (`sort_kept`'s): host numbers where it held tensors."
         panel, i, key, step, _ = entry
         panel.pending[i] = (key, step, Later(finish, numbers))
 
@@ -401,14 +401,14 @@ class DDPReplace:
     def _unpack_losses(self, entries: list, spread: tuple) -> None:
         "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
         for entry, points in zip(entries, spread_points([key for _, _, key, _, _ in entries], spread)):
-            self._replace(entry, functools.partial(fixed_points, points))
+            self._replace(entry, fixed_points, (points,))
 
     def _unpack_sums(self, entries: list, sums: list) -> None:
         "Each summed value's `finish`, given its pieces of `sums` (added over the ranks), one per device tensor."
         at = 0
         for entry in entries:
             sizes = [_numel(t) for t in entry[4].tensors]
-            self._replace(entry, functools.partial(entry[4].finish, *split_sums(sums[at:at + sum(sizes)], sizes)))
+            self._replace(entry, entry[4].finish, tuple(split_sums(sums[at:at + sum(sizes)], sizes)))
             at += sum(sizes)
 
 # %% ../nbs/14b_ddp.ipynb #6d2b9e47
