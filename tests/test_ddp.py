@@ -264,6 +264,38 @@ def test_other_ranks_made_empty_merge_to_rank_zeros_own(world, tensors, seed):
     assert rank0_rows(block)[1:].tolist() == [list(EMPTY_ROW) * tensors] * (world - 1)
 
 
+def test_unpacked_moments_fold_as_one_process_or_through_merge_rows():
+    "Merged rows go back to the panel's own finish (moment_points) as one process's row; extreme ones as merge_rows' moments."
+    from minitrain_inspect.ddp import DDPReplace, merged_numbers
+    from minitrain_inspect.stats import fold_moments, new_state
+    from minitrain_inspect.torch_inspect import Later, host_moments, moment_points
+    import functools
+
+    class Kept:
+        pending = []
+    panel, keys = Kept(), [("activations/a/mean", lambda tm: tm.mean), ("activations/a/n", lambda tm: tm.n)]
+    ordinary = [residual_row(torch.tensor(v, dtype=torch.float64)).tolist() for v in ([1.0, 2.0, 4.0], [3.0, float("nan")])]
+    extreme = [[1, 1e300, 0.0, 1e300, 1e300, 0, 0, 0.0], [1, -1e300, 0.0, -1e300, -1e300, 0, 0, 0.0]]   # means 2e300 apart
+    states = [new_state(), new_state()]
+    panel.pending = [(None, 7, Later(functools.partial(moment_points, st, keys, "activations/a/nonfinite"), (None,)))
+                     for st in states]
+    entries = [(panel, i, None, 7, value) for i, (_, _, value) in enumerate(panel.pending)]
+    block = np.array([ordinary[r] + extreme[r] for r in range(2)])
+    DDPReplace()._unpack_moments(entries, block)
+    numbers, through = merged_numbers(block)
+    assert list(through) == [1]
+    plain, far = (value for _, _, value in panel.pending)
+    assert plain.finish is entries[0][4].finish and plain.tensors == (numbers[0],)       # the panel's own finish, a host row
+    assert far.tensors == () and far.finish.args[3] == merge_rows([extreme[0], extreme[1]])
+    points = plain.finish(*plain.tensors)           # what 14a's flush does with it: folds it, gives the points
+    assert [key for key, _ in points] == ["activations/a/mean", "activations/a/n", "activations/a/nonfinite"]
+    assert points[1:] == [("activations/a/n", 4), ("activations/a/nonfinite", 1)] and points[0][1] == pytest.approx(2.5, rel=4 * 2.0 ** -52)   # a few roundings of a Chan step
+    expected = new_state()
+    fold_moments(expected, host_moments(numbers[0]))
+    assert states[0] == expected
+    assert far.finish()[1] == ("activations/a/n", 2) and states[1]["n"] == 2
+
+
 def test_gathered_array_cut_and_compared_by_column():
     "The gathered array is cut into consecutive blocks of columns; a value differs if any rank's numbers differ (NaN too)."
     ranks = np.arange(24.0).reshape(2, 12)
