@@ -25,20 +25,22 @@ import numpy as np
 from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
-                                             _units_last, first_tensor, group_points, moment_points, torch_activation_kind,
+                                             _units_last, first_tensor, group_points, host_moments, moment_points, torch_activation_kind,
                                              torch_moments)
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'HEADER', 'MAX_RANK_SERIES', 'FAILURE_KEY', 'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY',
-           'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps', 'row_moments', 'merge_rows', 'merge_row_block',
-           'unit_counts', 'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'check_layouts',
-           'merged_points', 'fixed_points', 'loss_points', 'gather_rows', 'sum_across', 'DDPPack', 'split_sums',
-           'gathered_finish', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
-           'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
-           'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
-           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
-           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+__all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'MAX_RANK_SERIES', 'FAILURE_KEY',
+           'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
+           'row_moments', 'merge_rows', 'merged_numbers', 'merge_row_block', 'unit_counts', 'unit_points',
+           'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
+           'merged_points', 'fixed_points', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows', 'sum_across',
+           'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows', 'DDPReplace',
+           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
+           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
+           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
+           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
+           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
@@ -94,25 +96,26 @@ def merge_rows(rows) -> TensorMoments:
 # %% ../nbs/14b_ddp.ipynb #8e3f5b2b
 def _plain(delta, cross, m2):
     "Where one vectorised Chan step is what `merge_moments` computes: |delta| squares safely, n_a·n_b is exact, M2 is plain."
-    safe = (delta == 0.0) | ((np.abs(delta) >= _SAFE_MEAN[0]) & (np.abs(delta) <= _SAFE_MEAN[1]))
+    size = np.abs(delta)
+    safe = (delta == 0.0) | ((size >= _SAFE_MEAN[0]) & (size <= _SAFE_MEAN[1]))
     return safe & (cross < 2.0 ** 53) & ((m2 == 0.0) | ((m2 >= _PLAIN[0]) & (m2 <= _PLAIN[1])))
 
 
-def merge_row_block(block) -> list:
-    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+def merged_numbers(block) -> tuple:
+    "`merge_rows` of many tensors at once (`block[r][t]`: rank r's row of tensor t): a host row of 7 per tensor; `{t: TensorMoments}` where `merge_rows` merged."
     rows = np.asarray(block, dtype=np.float64)
     if rows.ndim < 2 or not len(rows) or rows[0].size % ROW_WIDTH:
         raise ValueError(f"merge_row_block needs one row of {ROW_WIDTH} numbers per tensor from each of at least one rank, "
                          f"got an array of shape {rows.shape}")
-    rows = rows.reshape(len(block), -1, ROW_WIDTH)
-    count = rows.shape[1]
+    rows = rows.reshape(len(rows), -1, ROW_WIDTH)
     n, residual, has = rows[..., 0], rows[..., 7], rows[..., 0] > 0
-    shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(count), 1], 0.0)
+    shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(rows.shape[1]), 1], 0.0)
     size = np.where(has, n, 1.0)
-    total_n, mean, m2, plain = np.zeros(count), np.zeros(count), np.zeros(count), np.ones(count, dtype=bool)
     with np.errstate(all="ignore"):          # what overflows is sent to merge_rows below
         means, m2s = (rows[..., 1] - shift) + residual / size, np.maximum(rows[..., 2] - residual * residual / size, 0.0)
-        for r in range(rows.shape[0]):          # Chan's merge in rank order, as merge_moments does, every tensor at once
+        total_n, mean, m2 = n[0], np.where(has[0], means[0], 0.0), np.where(has[0], m2s[0], 0.0)     # rank 0 alone
+        plain = np.ones(rows.shape[1], dtype=bool)
+        for r in range(1, len(rows)):           # Chan's merge in rank order, as merge_moments does, every tensor at once
             first, both, merged_n = has[r] & (total_n == 0), has[r] & (total_n > 0), total_n + n[r]
             delta, cross = means[r] - mean, total_n * n[r]
             new_mean, new_m2 = mean + delta * (n[r] / merged_n), m2 + m2s[r] + delta * delta * (cross / merged_n)
@@ -122,9 +125,14 @@ def merge_row_block(block) -> list:
         lo, hi = np.where(has, rows[..., 3], math.inf).min(axis=0), np.where(has, rows[..., 4], -math.inf).max(axis=0)
         final = np.where(total_n > 0, np.minimum(np.maximum(mean + shift, lo), hi), 0.0)
     plain &= np.isfinite(mean)
-    nonfinite, nan = rows[..., 5].sum(axis=0), rows[..., 6].sum(axis=0)
-    return [TensorMoments(int(total_n[t]), float(final[t]), float(m2[t]), float(lo[t]), float(hi[t]), int(nonfinite[t]),
-                          int(nan[t])) if plain[t] else merge_rows(rows[:, t].tolist()) for t in range(count)]
+    numbers = np.stack([total_n, final, m2, lo, hi, rows[..., 5].sum(axis=0), rows[..., 6].sum(axis=0)], axis=1).tolist()
+    return numbers, {t: merge_rows(rows[:, t].tolist()) for t in np.flatnonzero(~plain).tolist()}
+
+
+def merge_row_block(block) -> list:
+    "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
+    numbers, extreme = merged_numbers(block)
+    return [extreme[t] if t in extreme else host_moments(row) for t, row in enumerate(numbers)]
 
 # %% ../nbs/14b_ddp.ipynb #7b1e7b65
 def unit_counts(output, kind: str, bins: int):
@@ -174,20 +182,27 @@ SUMMED = (group_points, unit_points)      # finish functions whose inputs are su
 
 def kept_kind(key, value) -> str:
     "How a value a panel kept is merged: 'rows' (sharded moments), 'same' (moments equal on every rank), 'loss', 'sum' or 'local'."
-    finish = getattr(value, "finish", None)
-    if isinstance(finish, functools.partial) and finish.func is moment_points:
+    if not isinstance(value, Later):
+        return "loss" if isinstance(key, str) and key.startswith("loss/") else "local"
+    finish = value.finish
+    func = finish.func if isinstance(finish, functools.partial) else None
+    if func is moment_points:
         return "rows" if finish.args[2].split("/")[0] in SHARDED else "same"
-    if isinstance(finish, functools.partial) and finish.func in SUMMED:
-        return "sum"
-    if isinstance(key, str) and key.startswith("loss/") and not isinstance(value, Later):
-        return "loss"
-    return "local"
+    return "sum" if func in SUMMED else "local"
 
 # %% ../nbs/14b_ddp.ipynb #4cf7d1b6
-def sort_kept(panels) -> list:
-    "`(panel, index, kind)` for every value the panels kept that is merged (all but 'local'), in the panels' order."
-    return [(panel, i, kind) for panel in panels for i, (key, _, value) in enumerate(panel.pending)
-            if (kind := kept_kind(key, value)) != "local"]
+MERGED = ("rows", "same", "loss", "sum")     # the kinds a flush gathers, in the order of the packed vector
+
+
+def sort_kept(panels) -> dict:
+    "`{kind: [(panel, index, key, step, value)]}` for each kind of `MERGED`: the values the panels kept, in the panels' order."
+    kept = {kind: [] for kind in MERGED}
+    for panel in panels:
+        for i, (key, step, value) in enumerate(panel.pending):
+            kind = kept_kind(key, value)
+            if kind != "local":
+                kept[kind].append((panel, i, key, step, value))
+    return kept
 
 # %% ../nbs/14b_ddp.ipynb #16facd59
 HEADER = 2   # signature of the layout, stop flag; then each panel's stride wanted by the budget guard, its overhead
@@ -196,6 +211,23 @@ HEADER = 2   # signature of the layout, stop flag; then each panel's stride want
 def layout_signature(names: list) -> float:
     "A CRC-32 of the pack's layout (`names`: one string per part), as a float64 that every rank compares."
     return float(zlib.crc32("|".join(names).encode("utf-8")))
+
+# %% ../nbs/14b_ddp.ipynb #5e1a7c30
+def _kept_name(panel, key, value) -> str:
+    "A kept value's name in the layout: its key, the key of a tensor's non-finite count, or its panel's name."
+    finish = getattr(value, "finish", None)
+    if key is None and isinstance(finish, functools.partial) and finish.func is moment_points:
+        return finish.args[2]
+    return key if key is not None else panel.name
+
+
+def layout_names(kept: dict, norm_steps: list) -> list:
+    "The names of a pack's layout: each kind of `kept` (`sort_kept`), then its values' names (a sum's with its sizes); the norms' steps."
+    sizes = lambda v: ",".join(str(t.numel()) for t in v.tensors)
+    return (["rows"] + [v.finish.args[2] for *_, v in kept["rows"]] + ["same"] + [v.finish.args[2] for *_, v in kept["same"]]
+            + ["loss"] + [key for _, _, key, _, _ in kept["loss"]]
+            + ["sum"] + [f"{_kept_name(p, key, v)}:{sizes(v)}" for p, _, key, _, v in kept["sum"]]
+            + ["norms"] + [str(step) for step in norm_steps])
 
 # %% ../nbs/14b_ddp.ipynb #ec95614a
 def check_layouts(headers: list) -> None:
@@ -214,7 +246,7 @@ def merged_points(state: dict, keys: list, nonfinite_key: str, tm: TensorMoments
 
 # %% ../nbs/14b_ddp.ipynb #1089c2f2
 def fixed_points(points: list) -> list:
-    "Points already on the host, as a `Later.finish` that needs no device value."
+    "Points already on the host, as a `Later.finish`: `Later(fixed_points, (points,))` gives `points` at the flush."
     return points
 
 # %% ../nbs/14b_ddp.ipynb #2993555c
@@ -227,6 +259,25 @@ def loss_points(key: str, losses: list) -> list:
     return [(key, mean), (f"ranks/{name}/min", min(finite, default=math.nan)),
             (f"ranks/{name}/max", max(finite, default=math.nan)), (f"ranks/{name}/worst_rank", float(worst))]
 
+# %% ../nbs/14b_ddp.ipynb #3b7f0a52
+def loss_spread(losses) -> tuple:
+    "`loss_points`' numbers for every column (step) of `losses` (a row per rank): lists of the means, minima, maxima, worst ranks."
+    losses = np.asarray(losses, dtype=np.float64)
+    finite, steps = np.isfinite(losses), np.arange(losses.shape[1])
+    whole, some = finite.all(axis=0), finite.any(axis=0)
+    low = np.where(finite, losses, math.inf).argmin(axis=0)       # the first rank with the least finite loss, as min() picks
+    high = np.where(finite, losses, -math.inf).argmax(axis=0)
+    mean = [math.fsum(c) / len(c) if ok else math.nan for c, ok in zip(losses.T.tolist(), whole.tolist())]
+    worst = np.where(whole, high, (~finite).argmax(axis=0))        # a rank with a non-finite loss first, else the highest
+    return (mean, np.where(some, losses[low, steps], math.nan).tolist(), np.where(some, losses[high, steps], math.nan).tolist(),
+            worst.astype(np.float64).tolist())
+
+
+def spread_points(keys: list, spread: tuple) -> list:
+    "`loss_points(keys[j], losses[:, j])` for every step j of a flush, from `spread = loss_spread(losses)`."
+    names = {key: (key, *(f"ranks/{key.split('/', 1)[1]}/{f}" for f in ("min", "max", "worst_rank"))) for key in set(keys)}
+    return [list(zip(names[key], numbers)) for key, *numbers in zip(keys, *spread)]
+
 # %% ../nbs/14b_ddp.ipynb #b7cbb486
 def _comm_tensor(packed, group=None):
     "`packed` where the backend can read it: the CPU for gloo, the tensor's own device otherwise."
@@ -234,61 +285,64 @@ def _comm_tensor(packed, group=None):
     return packed.cpu() if dist.get_backend(group) == "gloo" else packed
 
 # %% ../nbs/14b_ddp.ipynb #391e165b
-def gather_rows(packed, collective: bool = True, group=None) -> list:
-    "Every rank's `packed` float64 vector, as host lists in rank order: one `all_gather` (only `packed` itself if not `collective`)."
+def gather_rows(packed, collective: bool = True, group=None) -> np.ndarray:
+    "Every rank's `packed` float64 vector as one host array, a row per rank in rank order: one `all_gather` (only `packed` if not `collective`)."
     torch = require_torch()
     if not collective:
-        return [packed.tolist()]
+        return packed.detach().cpu().numpy()[None]
     import torch.distributed as dist
     packed = _comm_tensor(packed, group)
     out = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, packed, group=group)
-    return torch.stack(out).tolist()
+    return torch.stack(out).cpu().numpy()
 
 # %% ../nbs/14b_ddp.ipynb #2d3fcd42
-def sum_across(pieces: list) -> list:
-    "Per position, the sum over ranks of `pieces` (one host list per rank, all of one length), added in rank order."
-    if not pieces or not pieces[0]:
+def sum_across(pieces) -> list:
+    "Per position, the sum over ranks of `pieces` (one host list or array row per rank, all of one length), added in rank order."
+    pieces = np.asarray(pieces, dtype=np.float64)
+    if not pieces.size:
         return []
-    return np.add.reduce(np.asarray(pieces, dtype=np.float64), axis=0).tolist()
+    return np.add.reduce(pieces, axis=0).tolist()        # row after row along the rank axis: rank order
 
 # %% ../nbs/14b_ddp.ipynb #c03b0d1f
 def _numel(t) -> int:
     return t.numel()
 
 
-def _kept_name(panel, key, value) -> str:
-    "A kept value's name in the layout: its key, the key of a tensor's non-finite count, or its panel's name."
-    finish = getattr(value, "finish", None)
-    if key is None and isinstance(finish, functools.partial) and finish.func is moment_points:
-        return finish.args[2]
-    return key if key is not None else panel.name
+def kept_values(entries: list) -> list:
+    "The kept values of `sort_kept`'s `entries`."
+    return [entry[4] for entry in entries]
+
+
+def stacked(scalars: list) -> list:
+    "0-d tensors side by side, as a list of one float64 vector (of none if there are none): a part of the packed vector."
+    torch = require_torch()
+    return [torch.stack(scalars).to(torch.float64)] if scalars else []
 
 # %% ../nbs/14b_ddp.ipynb #1b8efc9d
 class DDPPack:
-    "Packing what the panels kept into one gathered and one summed float64 vector."
+    "Packing what the panels kept into one float64 vector: one `torch.cat` of every value, however many there are."
 
     def _pack(self):
-        "(sorted kept values, gathered parts, their layout names, summed parts) for this flush."
-        torch = require_torch()
-        kept, parts, names, summed = sort_kept(self.panels), [], [], []
-        for panel, i, kind in kept:
-            key, _, value = panel.pending[i]
-            tensors = value.tensors if isinstance(value, Later) else (value,)
-            flat = [t if t.dtype == torch.float64 and t.dim() == 1 else t.detach().reshape(-1).to(torch.float64) for t in tensors]
-            (summed if kind == "sum" else parts).extend(flat)
-            names.append(f"{kind}:{_kept_name(panel, key, value)}:{sum(map(_numel, flat))}")
-        for step, local_sq, global_sq in self._norms:
-            parts.append(torch.stack((local_sq, global_sq)))
-            names.append(f"norms:{step}")
-        return kept, parts, names, summed
+        "(the kept values by kind; the float64 vectors to pack, in order: rows, same, losses, norms, sums; their numbers per kind)."
+        torch, kept = require_torch(), sort_kept(self.panels)
+        rows, same = [e[4].tensors[0] for e in kept["rows"]], [e[4].tensors[0] for e in kept["same"]]    # (panel, i, key, step, value)
+        losses = [v if v.dim() == 0 else v.reshape(-1)[0] for v in kept_values(kept["loss"])]    # a loss: its (first) number
+        norms = [t for _, local_sq, global_sq in self._norms for t in (local_sq, global_sq)]
+        sums = [t.reshape(-1).to(torch.float64) for v in kept_values(kept["sum"]) for t in v.tensors]
+        sizes = [ROW_WIDTH * len(rows), ROW_WIDTH * len(same), len(losses), len(norms), sum(map(_numel, sums))]
+        return kept, rows + same + stacked(losses) + stacked(norms) + sums, sizes
 
     def _packed(self, parts: list, names: list):
-        "The gathered vector: signature, stop flag, then the parts, on the parameters' device."
+        "The gathered vector, float64 on the parameters' device: signature, stop flag, wanted strides, then the parts."
         torch = require_torch()
-        device = self.params[0][1].device if self.params else "cpu"
         header = [layout_signature(names), float(bool(self._stop_request))] + self._wanted_strides()
-        return torch.cat([torch.tensor(header, dtype=torch.float64, device=device)] + [p.to(device) for p in parts])
+        device = self.params[0][1].device if self.params else "cpu"
+        head = torch.tensor(header, dtype=torch.float64, device=device)
+        try:
+            return torch.cat([head] + parts)          # all float64: no type promotion, one copy
+        except RuntimeError:       # values on several devices (a model split across them): each moved to the first's
+            return torch.cat([head] + [p.to(device) for p in parts])
 
     def _header_size(self) -> int:
         return HEADER + len(self.panels) + 1
@@ -302,46 +356,72 @@ def split_sums(numbers: list, sizes: list) -> list:
     return pieces
 
 
-def gathered_finish(kind: str, key, value, rows: list):
-    "The host `finish` of a gathered value from its numbers on each rank (`rows`): the loss's spread, or merged moments."
-    if kind == "loss":
-        return functools.partial(fixed_points, loss_points(key, [r[0] for r in rows]))
-    tm = merge_rows(rows) if kind == "rows" else merge_rows(rows[:1])     # 'same': every rank holds it; rank 0's
-    return functools.partial(merged_points, *value.finish.args[:3], tm)
+def cut_gathered(ranks, start: int, sizes: list) -> list:
+    "The gathered array `ranks` (a row per rank) cut, from column `start` on, into consecutive blocks of `sizes` columns."
+    blocks = []
+    for size in sizes:
+        blocks, start = blocks + [ranks[:, start:start + size]], start + size
+    return blocks
+
+
+def differing(block, width: int = ROW_WIDTH) -> list:
+    "Which values (of `width` numbers each, side by side in `block`, a row per rank) are not the same on every rank."
+    block = np.asarray(block)
+    differ = block[1:] != block[:1]                      # NaN differs from NaN: a gradient that is NaN is not 'checked equal'
+    return np.flatnonzero(differ.reshape(len(block) - 1, block.shape[1] // width, width).any(axis=(0, 2))).tolist()
 
 # %% ../nbs/14b_ddp.ipynb #154f89d9
-class DDPUnpack:
+EMPTY_ROW = (0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, 0.0)     # the row of a rank with no finite value: a merge skips it
+
+
+def rank0_rows(block):
+    "`block` (a row per rank of 8-number rows) with every rank's rows but rank 0's made empty: merged, they give rank 0's own."
+    empty = np.tile(EMPTY_ROW, (len(block) - 1, block.shape[1] // ROW_WIDTH))
+    return np.concatenate([block[:1], empty])
+
+# %% ../nbs/14b_ddp.ipynb #f07b2d19
+class DDPReplace:
+    "Each kind's kept values replaced by host values merged over the ranks, from its gathered block (a row per rank)."
+
+    def _replace(self, entry: tuple, finish, numbers: tuple = ()) -> None:
+        "Put `Later(finish, numbers)` in place of the kept value of `entry` (`sort_kept`'s): host numbers where it held tensors."
+        panel, i, key, step, _ = entry
+        panel.pending[i] = (key, step, Later(finish, numbers))
+
+    def _unpack_moments(self, entries: list, block) -> None:
+        "Every tensor's rows merged at once (`merged_numbers`, rank order): its own `finish` then reads the merged row."
+        numbers, extreme = merged_numbers(block) if entries else ([], {})
+        for t, (entry, row) in enumerate(zip(entries, numbers)):
+            finish = entry[4].finish          # moment_points, as for one process's row
+            if t in extreme:                  # merged by merge_rows: M2 may carry an exponent of its own
+                self._replace(entry, functools.partial(merged_points, *finish.args[:3], extreme[t]))
+            else:
+                self._replace(entry, finish, (row,))
+
+    def _unpack_losses(self, entries: list, spread: tuple) -> None:
+        "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
+        for entry, points in zip(entries, spread_points([key for _, _, key, _, _ in entries], spread)):
+            self._replace(entry, fixed_points, (points,))
+
+    def _unpack_sums(self, entries: list, sums: list) -> None:
+        "Each summed value's `finish`, given its pieces of `sums` (added over the ranks), one per device tensor."
+        at = 0
+        for entry in entries:
+            sizes = [_numel(t) for t in entry[4].tensors]
+            self._replace(entry, entry[4].finish, tuple(split_sums(sums[at:at + sum(sizes)], sizes)))
+            at += sum(sizes)
+
+# %% ../nbs/14b_ddp.ipynb #6d2b9e47
+class DDPUnpack(DDPReplace):
     "Putting host values, merged over the ranks, back in the panels' kept lists."
 
-    def _replace(self, panel, i: int, finish) -> None:
-        key, step, _ = panel.pending[i]
-        panel.pending[i] = (key, step, Later(finish, ()))
-
-    def _unpack(self, kept: list, ranks: list, sums: list) -> None:
-        "Replace each kept value by its merged host value (`ranks`: the gathered lists; `sums`: the summed list)."
-        at, total_at, disagree, gathered = self._header_size(), 0, [], []
-        for panel, i, kind in kept:
-            value = panel.pending[i][2]
-            sizes = [_numel(t) for t in (value.tensors if isinstance(value, Later) else (value,))]
-            if kind == "sum":
-                pieces = split_sums(sums[total_at:total_at + sum(sizes)], sizes)
-                total_at += sum(sizes)
-                self._replace(panel, i, functools.partial(value.finish, *pieces))
-            else:
-                gathered.append((panel, i, kind, at, sum(sizes)))
-                at += sum(sizes)
-        starts = [start for _, _, kind, start, _ in gathered if kind == "rows"]      # every sharded tensor's rows: merged at once
-        merged = iter(merge_row_block(np.asarray(ranks)[:, [s + k for s in starts for k in range(ROW_WIDTH)]]) if starts else ())
-        for panel, i, kind, start, size in gathered:
-            key, _, value = panel.pending[i]
-            if kind == "rows":
-                self._replace(panel, i, functools.partial(merged_points, *value.finish.args[:3], next(merged)))
-                continue
-            rows = [r[start:start + size] for r in ranks]
-            if kind == "same" and any(r != rows[0] for r in rows[1:]):
-                disagree.append(value.finish.args[2].rsplit("/", 1)[0])
-            self._replace(panel, i, gathered_finish(kind, key, value, rows))
-        self._unpack_norms(ranks, at)
+    def _unpack(self, kept: dict, rows, same, spread: tuple, sums: list) -> None:
+        "Replace each kept value (`kept`: `sort_kept`'s) by its merged host value: gathered blocks, the losses' `loss_spread`."
+        # one merge for all moments: the gradients, equal on every rank (read after the allreduce), are rank 0's rows
+        self._unpack_moments(kept["rows"] + kept["same"], np.concatenate([rows, rank0_rows(same)], axis=1))
+        self._unpack_losses(kept["loss"], spread)
+        self._unpack_sums(kept["sum"], sums)
+        disagree = [kept["same"][t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)]
         if disagree:
             self.note(f"ranks disagree on {', '.join(disagree[:5])} (read after the allreduce: expected equal)")
 
@@ -388,17 +468,13 @@ class DDPStop:
         "True on every rank from the same step on, once a flush decided to stop: the loop breaks after `opt.step()`."
         return self.stopped is not None
 
-    def _decide_stop(self, kept: list, ranks: list) -> None:
+    def _decide_stop(self, entries: list, losses, means: list, flags: list) -> None:
+        "Stop if a rank asked (`flags`) or a training loss is not finite (`entries`, `losses`: the kept losses, their block, `means`)."
         if self.stopped is not None:
             return
-        at, losses = self._header_size(), []
-        for panel, i, kind in kept:
-            key, step, value = panel.pending[i]
-            size = 0 if kind == "sum" else sum(_numel(t) for t in (value.tensors if isinstance(value, Later) else (value,)))
-            if kind == "loss" and key == "loss/train":
-                losses.append((step, [r[at] for r in ranks]))
-            at += size
-        reason = stop_reason([r[1] for r in ranks], losses)
+        bad = [j for j, mean in enumerate(means) if mean != mean]       # NaN: a rank's loss at that step is not finite
+        first = [(entries[j][3], losses[:, j].tolist()) for j in bad if entries[j][2] == "loss/train"][:1]
+        reason = stop_reason(flags, first)
         if reason is not None:
             self.stopped = {"step": self.step, "reason": reason}
             self.history.meta["ddp"]["stopped"] = self.stopped
@@ -410,17 +486,18 @@ class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
 
     def _to_host(self) -> None:
         start = time.perf_counter()
-        kept, parts, names, summed = self._pack()
-        size = sum(map(_numel, summed))          # the summed values ride at the end of the one gathered vector
-        packed = self._packed(parts + summed, names)
+        kept, parts, sizes = self._pack()
+        packed = self._packed(parts, layout_names(kept, [step for step, _, _ in self._norms]))
         gather_start = time.perf_counter()
         ranks = gather_rows(packed, self._collective, self.group)
         self.gather_seconds.append(time.perf_counter() - gather_start)   # the collective, waiting for the slowest rank included
         check_layouts(ranks)
-        sums = sum_across([r[len(r) - size:] for r in ranks]) if size else []
-        self._decide_stop(kept, ranks)
+        rows, same, losses, norms, sums = cut_gathered(ranks, self._header_size(), sizes)
+        spread = loss_spread(losses)          # mean, min, max, worst rank of each loss over the ranks
+        self._decide_stop(kept["loss"], losses, spread[0], ranks[:, 1].tolist())
         self._agree_strides(ranks)
-        self._unpack(kept, ranks, sums)
+        self._unpack(kept, rows, same, spread, sum_across(sums))
+        self._unpack_norms(norms.tolist(), 0)
         self.merge_seconds.append(time.perf_counter() - start)     # the merge's own cost: what one process would not pay
         if "loss" in self._by_name:       # the budget guard counts it, as a cost no thinning removes (every flush gathers)
             self._by_name["loss"].cost += self.merge_seconds[-1]
@@ -496,9 +573,9 @@ class DDPGuard:
     def _agree_strides(self, ranks: list) -> None:
         if not isinstance(self.guard, CollectiveGuard):
             return
-        size = len(self.panels)
-        strides = [max(r[HEADER + i] for r in ranks) for i in range(size)]
-        self.guard.apply(self.step, self.panels, strides, max(r[HEADER + size] for r in ranks))
+        size = len(self.panels)           # `ranks`: the gathered array, a row per rank
+        strides = np.max(ranks[:, HEADER:HEADER + size], axis=0).tolist()
+        self.guard.apply(self.step, self.panels, strides, float(np.max(ranks[:, HEADER + size])))
 
     def reset(self) -> None:
         "As `TorchInspector.reset`, with the budget guard made collective."

@@ -10,8 +10,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from minitrain_inspect.ddp import (DDP_FLUSH_EVERY, DEMO_SPEC, merge_row_block, merge_rows, row_moments, run_ranks,
-                                   shard_values, stop_reason, sum_across, worker_result)
+from minitrain_inspect.ddp import (DDP_FLUSH_EVERY, DEMO_SPEC, EMPTY_ROW, cut_gathered, differing, loss_points, loss_spread,
+                                   merge_row_block, merge_rows, rank0_rows, row_moments, run_ranks, shard_values, spread_points,
+                                   stop_reason, sum_across, worker_result)
 from minitrain_inspect.panels import History
 from minitrain_inspect.stats import TensorMoments
 
@@ -231,6 +232,77 @@ def test_block_merge_is_merge_rows_bit_for_bit(world, tensors, seed):
             rows.append(residual_row(x).tolist())
         block.append(rows)
     assert repr(merge_row_block(block)) == repr([merge_rows([rank[t] for rank in block]) for t in range(tensors)])
+
+
+@given(st.integers(1, 5), st.integers(0, 30), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_loss_spread_of_a_flush_is_loss_points_step_by_step(world, steps, seed):
+    "Every step's mean, min, max and worst rank computed at once are `loss_points`' own (NaN, inf, ties and signed zeros)."
+    rng = np.random.default_rng(seed)
+    block = rng.choice([0.25, 1.0, 3.5, 0.0, -0.0, 1e308, math.nan, math.inf, -math.inf], size=(world, steps),
+                       p=[0.2, 0.2, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
+    keys = [rng.choice(["loss/train", "loss/val"]) for _ in range(steps)]
+    try:
+        expected = [loss_points(key, column) for key, column in zip(keys, block.T.tolist())]
+    except OverflowError:        # math.fsum of 1e308 + 1e308: both raise alike
+        with pytest.raises(OverflowError):
+            loss_spread(block)
+        return
+    assert repr(spread_points(keys, loss_spread(block))) == repr(expected)
+
+
+@given(st.integers(1, 5), st.integers(0, 6), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_other_ranks_made_empty_merge_to_rank_zeros_own(world, tensors, seed):
+    "The gradients' rows (equal on every rank) ride in the one block merge as rank 0's row beside empty ones: rank 0's bits."
+    rng = np.random.default_rng(seed)
+    block = np.array([[residual_row(torch.from_numpy(rng.choice([0.0, 1e8, -1e300]) + rng.standard_normal(int(rng.integers(0, 9)))
+                                                     * rng.choice([1.0, 1e-200]))).tolist() for _ in range(tensors)]
+                      for _ in range(world)]).reshape(world, -1)
+    assert repr(merge_row_block(rank0_rows(block))) == repr(merge_row_block(block[:1]))
+    assert repr(merge_row_block(block[:1])) == repr([merge_rows([block[0, 8 * t:8 * t + 8].tolist()]) for t in range(tensors)])
+    assert rank0_rows(block)[1:].tolist() == [list(EMPTY_ROW) * tensors] * (world - 1)
+
+
+def test_unpacked_moments_fold_as_one_process_or_through_merge_rows():
+    "Merged rows go back to the panel's own finish (moment_points) as one process's row; extreme ones as merge_rows' moments."
+    from minitrain_inspect.ddp import DDPReplace, merged_numbers
+    from minitrain_inspect.stats import fold_moments, new_state
+    from minitrain_inspect.torch_inspect import Later, host_moments, moment_points
+    import functools
+
+    class Kept:
+        pending = []
+    panel, keys = Kept(), [("activations/a/mean", lambda tm: tm.mean), ("activations/a/n", lambda tm: tm.n)]
+    ordinary = [residual_row(torch.tensor(v, dtype=torch.float64)).tolist() for v in ([1.0, 2.0, 4.0], [3.0, float("nan")])]
+    extreme = [[1, 1e300, 0.0, 1e300, 1e300, 0, 0, 0.0], [1, -1e300, 0.0, -1e300, -1e300, 0, 0, 0.0]]   # means 2e300 apart
+    states = [new_state(), new_state()]
+    panel.pending = [(None, 7, Later(functools.partial(moment_points, st, keys, "activations/a/nonfinite"), (None,)))
+                     for st in states]
+    entries = [(panel, i, None, 7, value) for i, (_, _, value) in enumerate(panel.pending)]
+    block = np.array([ordinary[r] + extreme[r] for r in range(2)])
+    DDPReplace()._unpack_moments(entries, block)
+    numbers, through = merged_numbers(block)
+    assert list(through) == [1]
+    plain, far = (value for _, _, value in panel.pending)
+    assert plain.finish is entries[0][4].finish and plain.tensors == (numbers[0],)       # the panel's own finish, a host row
+    assert far.tensors == () and far.finish.args[3] == merge_rows([extreme[0], extreme[1]])
+    points = plain.finish(*plain.tensors)           # what 14a's flush does with it: folds it, gives the points
+    assert [key for key, _ in points] == ["activations/a/mean", "activations/a/n", "activations/a/nonfinite"]
+    assert points[1:] == [("activations/a/n", 4), ("activations/a/nonfinite", 1)] and points[0][1] == pytest.approx(2.5, rel=4 * 2.0 ** -52)   # a few roundings of a Chan step
+    expected = new_state()
+    fold_moments(expected, host_moments(numbers[0]))
+    assert states[0] == expected
+    assert far.finish()[1] == ("activations/a/n", 2) and states[1]["n"] == 2
+
+
+def test_gathered_array_cut_and_compared_by_column():
+    "The gathered array is cut into consecutive blocks of columns; a value differs if any rank's numbers differ (NaN too)."
+    ranks = np.arange(24.0).reshape(2, 12)
+    assert [b.shape for b in cut_gathered(ranks, 2, [8, 0, 1, 1])] == [(2, 8), (2, 0), (2, 1), (2, 1)]
+    assert cut_gathered(ranks, 2, [8, 0, 1, 1])[3].tolist() == [[11.0], [23.0]]
+    same = np.array([[1.0] * 8 + [2.0] * 8 + [math.nan] * 8, [1.0] * 8 + [2.0] * 7 + [3.0] + [math.nan] * 8])
+    assert differing(same) == [1, 2] and differing(same[:1]) == [] and differing(np.zeros((3, 0))) == []
 
 
 def test_sums_added_in_rank_order_and_default_cadence():
