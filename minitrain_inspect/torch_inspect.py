@@ -37,12 +37,13 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
            'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
            'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
-           'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
-           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules',
-           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
-           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
-           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
-           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'TorchHandle', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
+           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -371,7 +372,8 @@ class TorchLossPanel(LossPanel):
 def group_sums(per_example, groups, count: int) -> tuple:
     "Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors."
     torch = require_torch()
-    values = per_example.detach().reshape(-1).to(torch.float64)
+    values = per_example.detach()
+    values = (values if values.dim() == 1 else values.reshape(-1)).to(torch.float64)
     sums = values.new_zeros(count).index_add_(0, groups, values)
     return sums, values.new_zeros(count).index_add_(0, groups, torch.ones_like(values))
 
@@ -406,7 +408,14 @@ class TorchGroupLossPanel(PerClassPanel):
         if self._sums_step == self.step:        # a second loss call in the step: the step's mean over both
             sums, counts = sums + self._sums[0], counts + self._sums[1]
         self._sums, self._sums_step = (sums, counts), self.step
-        self.record(None, Later(functools.partial(group_points, names), (sums, counts)))
+        finish = self._finishes.get(names)
+        if finish is None:
+            finish = self._finishes[names] = functools.partial(group_points, names)
+        self.record(None, Later(finish, (sums, counts)))
+
+    def reset(self) -> None:
+        super().reset()
+        self._finishes = {}        # names -> the flush's finish for them, made once
 
     def flush(self, history) -> None:
         Records.flush(self, history)
@@ -536,6 +545,37 @@ class TorchHandle:
         self.handle.remove()
         self.removed = True
 
+# %% ../nbs/14a_torch.ipynb #7f8ad70f
+class TorchSwitch(TorchHandle):
+    "A forward hook on `module` that is on it only while switched on (`on()`, `off()`); `remove()` takes it off for good."
+
+    def __init__(self, module, hook, on: bool = True):
+        self.module, self.hook = module, hook
+        super().__init__(None)
+        if on:
+            self.on()
+
+    @property
+    def attached(self) -> bool:
+        "True while the hook is on the module."
+        return self.handle is not None
+
+    def on(self) -> None:
+        "Put the hook on the module (last among its forward hooks), unless it is on already or removed."
+        if self.handle is None and not self.removed:
+            self.handle = self.module.register_forward_hook(self.hook)
+
+    def off(self) -> None:
+        "Take the hook off the module, until `on()`."
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def remove(self) -> None:
+        "Take the hook off for good; again does nothing."
+        self.off()
+        self.removed = True
+
 # %% ../nbs/14a_torch.ipynb #9d2dda0f
 def host_points(entry: tuple, numbers) -> list:
     "The points `(key, step, value)` of one kept `entry`, its device values taken in turn from the iterator `numbers`."
@@ -595,7 +635,7 @@ class TorchFired:
 
 # %% ../nbs/14a_torch.ipynb #d50f9365
 class TorchSteps(TorchFired):
-    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off."
+    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off; module hooks switched with `enabled`."
 
     def _hook_output(self, name: str, module, output) -> None:
         "Hook the gradient at `module`'s output (the tensor, or a tuple's first tensor), for this step only."
@@ -608,10 +648,20 @@ class TorchSteps(TorchFired):
             handle.remove()
         self._tensor_handles = []
 
+    def _set_due(self) -> None:
+        "The panels due at this step; the hooks on modules go on or off with `enabled` (`TorchSwitch`)."
+        super()._set_due()
+        if self._enabled != self._hooks_on:
+            self._hooks_on = self._enabled
+            for handle in self.handles:
+                if isinstance(handle, TorchSwitch):
+                    handle.on() if self._enabled else handle.off()
+            self._fired_whole_step = False      # switched within a step: its firings were not all counted
+
     def _end_step(self) -> None:
-        if self._enabled and self._model_training():
+        if self._enabled and self._model_training() and self._fired_whole_step:
             self._check_fired()
-        self._fired = {}
+        self._fired, self._fired_whole_step = {}, True
         self._drop_tensor_hooks()
         super()._end_step()
 
@@ -658,7 +708,7 @@ class TorchModuleHooks:
         if not is_torch_module(module):
             raise TypeError(f"register_forward needs a torch.nn.Module, got {type(module).__name__}")
         label, grad_key = self._claim(name, "activation"), self._claim(f"{check_name(name)}:grad_output", "grad_output")
-        handle = self._keep(label, "activation", TorchHandle(module.register_forward_hook(torch_forward_hook(self, label))))
+        handle = self._keep(label, "activation", TorchSwitch(module, torch_forward_hook(self, label), on=self._enabled))
         self.stats.setdefault(grad_key, new_state())
         self.kinds[grad_key] = "grad_output"
         meta, kind = self.history.meta, torch_activation_kind(module)
@@ -688,7 +738,7 @@ class TorchStepHooks:
         "Hand each loss `loss_fn` computes to the loss panels (1 and 7)."
         if not is_torch_module(loss_fn):
             raise TypeError(f"register_loss needs a loss nn.Module, got {type(loss_fn).__name__}")
-        handle = self._keep_extra(TorchHandle(loss_fn.register_forward_hook(torch_loss_hook(self))))
+        handle = self._keep_extra(TorchSwitch(loss_fn, torch_loss_hook(self), on=self._enabled))
         self.history.meta["loss"] = {"name": type(loss_fn).__name__, "has_classes": type(loss_fn).__name__ not in REGRESSION_LOSSES}
         return handle
 
@@ -737,8 +787,12 @@ class TorchLabels:
                 raise TypeError(f"groups must be an integer tensor of labels 0..N-1, got dtype {groups.dtype}")
             if names is None:
                 raise ValueError("label_batch(groups, names=...): a tensor of labels 0..N-1 needs the N group names")
-            names = tuple(check_name(str(n)) for n in names)
-            self._labels = (groups.reshape(-1).long(), names)
+            key = tuple(names)
+            if key != self._label_names[0]:         # the same names as last time: checked already
+                self._label_names = (key, tuple(check_name(str(n)) for n in key))
+            if groups.dim() != 1 or groups.dtype != torch.long:
+                groups = groups.reshape(-1).long()
+            self._labels = (groups, self._label_names[1])
         else:
             ids = [self._group_ids.setdefault(check_name(str(g)), len(self._group_ids)) for g in groups]
             self._labels = (torch.tensor(ids, dtype=torch.long), tuple(self._group_ids))
@@ -962,6 +1016,7 @@ class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchSte
                  schedules: dict | None = None, panels=(), ops=None, histogram_bins: int = 40, **options):
         _check_torch_args(model, optimizer, loss_fn)
         self._fired, self._expected, self._warned, self._tensor_handles, self._group_ids = {}, None, None, [], {}
+        self._hooks_on, self._fired_whole_step, self._label_names = True, True, (None, None)
         self.flush_every = check_int(flush_every, "flush_every", 1)
         super().__init__(None, None, ops=ops if ops is not None else TorchOps(), histogram_bins=histogram_bins, **options)
         self.panels = _all_panels(torch_panels(self.stats, histogram_bins), panels, schedules, self.ops, self.clock)
