@@ -10,6 +10,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from dataclasses import replace
@@ -22,7 +23,7 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
                                        check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
 from .stats import TensorMoments, check_int, fold_moments, new_state, summarize
-from .overhead import TorchRun, _paired, _spread, lockstep, torch_threads
+from .overhead import TorchRun, _check_clock, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
 from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
@@ -1067,12 +1068,12 @@ class InspectedTorchRun(TorchRun):
                                         for name, options in INSPECTOR_WATCHERS.items()}}
 
 # %% ../nbs/14a_torch.ipynb #7588503b
-def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> dict:
-    "Per variant the ms/step of each repeat, interleaved; raises if any run ends with other parameters than the rest."
+def measure_width(config: TrainConfig, data, repeats: int, block: int = 20, clock=None) -> dict:
+    "Per variant the ms/step of each repeat, interleaved, by `clock` (default: elapsed time); raises if any run ends with other parameters than the rest."
     times = {v: [] for v in TORCH_BENCH_VARIANTS}
     for _ in range(repeats):
         runs = {v: InspectedTorchRun(config, data, hooks) for v, hooks in TORCH_BENCH_VARIANTS.items()}
-        ms = lockstep(runs, config.steps - 2, block)
+        ms = lockstep(runs, config.steps - 2, block, clock=clock or time.perf_counter)
         digests = {v: run.finish() for v, run in runs.items()}
         if len(set(digests.values())) > 1:
             raise AssertionError(f"watching changed the PyTorch training run: {digests}")
@@ -1082,14 +1083,15 @@ def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> d
 
 # %% ../nbs/14a_torch.ipynb #df24d27d
 def torch_overhead(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3, seed: int = 0,
-                   threads: int = 1, block: int = 20) -> dict:
-    "The Inspector's overhead on the PyTorch twin of the reference model, by width: {width: {torch_ms, variant: spread}}."
+                   threads: int = 1, block: int = 20, clock: str = "wall") -> dict:
+    "The Inspector's overhead on the PyTorch twin of the reference model, by width: {width: {torch_ms, variant: spread}}; `clock`: 'wall' or 'cpu' (`13_overhead`'s)."
     config = TrainConfig(steps=check_int(steps, "steps", 3), seed=seed, progress=False, eval_every=steps, blas_threads=threads)
+    timer = _check_clock(clock, threads)          # a bad clock is refused before any work
     data, out = run_data(config), {}
     with limit_blas_threads(threads), torch_threads(threads):
         for width in widths:
             point = replace(config, hidden=(check_int(width, "width", 1),) * 2)
-            times = measure_width(point, data, repeats if point.hidden == config.hidden else width_repeats, block)
+            times = measure_width(point, data, repeats if point.hidden == config.hidden else width_repeats, block, timer)
             out[width] = {"torch_ms": statistics.median(times["torch"]),
                           **{v: _spread(_paired(times, v, "torch")) for v in TORCH_BENCH_VARIANTS if v != "torch"}}
     return out
