@@ -1,12 +1,13 @@
 """The PyTorch Inspector's overhead, by part: its variants against PyTorch alone, and aten operations counted per step.
 
-    python benchmarks/torch_overhead_parts.py [--steps 120] [--repeats 5] [--widths 64 256] [--old PATH]
+    python benchmarks/torch_overhead_parts.py [--steps 120] [--repeats 5] [--widths 64 256] [--old PATH] [--clock wall|cpu]
 
 Variants, each on the PyTorch twin of the reference model (`13_overhead`'s `TorchRun`), advanced in lockstep with
 PyTorch alone (`overhead.lockstep`, blocks of 20 steps, rotating order), PyTorch and BLAS pinned to one thread
 (`torch_threads`, `threadpoolctl`): the Inspector at default schedules, with every panel at every step, and disabled.
 `--old PATH` adds the same three variants of another copy of `torch_inspect.py` (for example the module before a
-change, copied to a scratch folder), so old and new are measured side by side in one run.
+change, copied to a scratch folder), so old and new are measured side by side in one run. `--clock cpu` times the main
+thread's CPU time (`13_overhead`'s `CLOCKS`), steadier on a shared machine.
 
 Printed: per width, the median overhead over PyTorch alone with the lowest and highest repeat, the load average before
 and after; and the aten operations per training step of each variant (counted by a `TorchDispatchMode` over steps 3..52, the period of every default schedule:
@@ -28,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minitrain_inspect import torch_inspect
 from minitrain_inspect.inspect import EVERY_STEP, register_adapter
-from minitrain_inspect.overhead import TorchRun, lockstep, torch_threads
+from minitrain_inspect.overhead import CLOCKS, TorchRun, lockstep, torch_threads
 from minitrain_inspect.train import TrainConfig, blas_threads, run_data
 
 OPTIONS = {"default": {}, "every_step": {"schedules": EVERY_STEP}, "disabled": {"enabled": False}}
@@ -113,13 +114,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats (0: count the operations only)")
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--old", default=None, help="path of another torch_inspect.py to measure beside this one")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall: elapsed time; cpu: the main thread's CPU time")
     args = parser.parse_args(argv)
     old = load_old(args.old) if args.old else None
     table = variants(old)
     config = TrainConfig(steps=args.steps, progress=False, eval_every=args.steps, blas_threads=1)
     data = run_data(config)
     print(f"torch {torch.__version__}, 1 torch thread, BLAS 1 thread (threadpoolctl); {args.repeats} interleaved repeats "
-          f"of {args.steps} steps; load before {os.getloadavg()}")
+          f"of {args.steps} steps, clock {args.clock}; load before {os.getloadavg()}")
     with blas_threads(1), torch_threads(1):
         for width in args.widths:
             point = replace(config, hidden=(width, width))
@@ -131,7 +133,7 @@ def main(argv=None) -> None:
             for _ in range(args.repeats):
                 Run.WATCHERS = table
                 runs = {name: Run(point, data, name) for name in table}
-                ms = lockstep(runs, args.steps - 2, 20)
+                ms = lockstep(runs, args.steps - 2, 20, clock=CLOCKS[args.clock][0])
                 digests = {name: run.finish() for name, run in runs.items()}
                 if len(set(digests.values())) > 1:
                     raise AssertionError(f"watching changed the training: {digests}")

@@ -511,7 +511,7 @@ def _run_torch_overhead(args) -> int:
     from minitrain_inspect.torch_inspect import torch_overhead, torch_overhead_table
     s = _settings(args)
     result = torch_overhead(steps=s["steps"], repeats=s["repeats"], widths=s["widths"], width_repeats=s["scaling_repeats"],
-                            threads=_positive("blas-threads", args.blas_threads))
+                            threads=_positive("blas-threads", args.blas_threads), clock=args.clock)
     print(json.dumps({str(k): v for k, v in result.items()}) if args.json else torch_overhead_table(result))
     return 0
 

@@ -10,6 +10,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from dataclasses import replace
@@ -22,7 +23,7 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
                                        check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
 from .stats import TensorMoments, check_int, fold_moments, new_state, summarize
-from .overhead import TorchRun, _paired, _spread, lockstep, torch_threads
+from .overhead import TorchRun, _check_clock, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
 from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
@@ -37,12 +38,13 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
            'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
            'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
-           'TorchHandle', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
-           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules',
-           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
-           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
-           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
-           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'TorchHandle', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
+           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -371,7 +373,8 @@ class TorchLossPanel(LossPanel):
 def group_sums(per_example, groups, count: int) -> tuple:
     "Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors."
     torch = require_torch()
-    values = per_example.detach().reshape(-1).to(torch.float64)
+    values = per_example.detach()
+    values = (values if values.dim() == 1 else values.reshape(-1)).to(torch.float64)
     sums = values.new_zeros(count).index_add_(0, groups, values)
     return sums, values.new_zeros(count).index_add_(0, groups, torch.ones_like(values))
 
@@ -406,7 +409,14 @@ class TorchGroupLossPanel(PerClassPanel):
         if self._sums_step == self.step:        # a second loss call in the step: the step's mean over both
             sums, counts = sums + self._sums[0], counts + self._sums[1]
         self._sums, self._sums_step = (sums, counts), self.step
-        self.record(None, Later(functools.partial(group_points, names), (sums, counts)))
+        finish = self._finishes.get(names)
+        if finish is None:
+            finish = self._finishes[names] = functools.partial(group_points, names)
+        self.record(None, Later(finish, (sums, counts)))
+
+    def reset(self) -> None:
+        super().reset()
+        self._finishes = {}        # names -> the flush's finish for them, made once
 
     def flush(self, history) -> None:
         Records.flush(self, history)
@@ -536,6 +546,37 @@ class TorchHandle:
         self.handle.remove()
         self.removed = True
 
+# %% ../nbs/14a_torch.ipynb #7f8ad70f
+class TorchSwitch(TorchHandle):
+    "A forward hook on `module` that is on it only while switched on (`on()`, `off()`); `remove()` takes it off for good."
+
+    def __init__(self, module, hook, on: bool = True):
+        self.module, self.hook = module, hook
+        super().__init__(None)
+        if on:
+            self.on()
+
+    @property
+    def attached(self) -> bool:
+        "True while the hook is on the module."
+        return self.handle is not None
+
+    def on(self) -> None:
+        "Put the hook on the module (last among its forward hooks), unless it is on already or removed."
+        if self.handle is None and not self.removed:
+            self.handle = self.module.register_forward_hook(self.hook)
+
+    def off(self) -> None:
+        "Take the hook off the module, until `on()`."
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def remove(self) -> None:
+        "Take the hook off for good; again does nothing."
+        self.off()
+        self.removed = True
+
 # %% ../nbs/14a_torch.ipynb #9d2dda0f
 def host_points(entry: tuple, numbers) -> list:
     "The points `(key, step, value)` of one kept `entry`, its device values taken in turn from the iterator `numbers`."
@@ -595,7 +636,7 @@ class TorchFired:
 
 # %% ../nbs/14a_torch.ipynb #d50f9365
 class TorchSteps(TorchFired):
-    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off."
+    "The end of a PyTorch training step: hooks that did not fire are noticed, the step's tensor hooks come off; module hooks switched with `enabled`."
 
     def _hook_output(self, name: str, module, output) -> None:
         "Hook the gradient at `module`'s output (the tensor, or a tuple's first tensor), for this step only."
@@ -608,10 +649,20 @@ class TorchSteps(TorchFired):
             handle.remove()
         self._tensor_handles = []
 
+    def _set_due(self) -> None:
+        "The panels due at this step; the hooks on modules go on or off with `enabled` (`TorchSwitch`)."
+        super()._set_due()
+        if self._enabled != self._hooks_on:
+            self._hooks_on = self._enabled
+            for handle in self.handles:
+                if isinstance(handle, TorchSwitch):
+                    handle.on() if self._enabled else handle.off()
+            self._fired_whole_step = False      # switched within a step: its firings were not all counted
+
     def _end_step(self) -> None:
-        if self._enabled and self._model_training():
+        if self._enabled and self._model_training() and self._fired_whole_step:
             self._check_fired()
-        self._fired = {}
+        self._fired, self._fired_whole_step = {}, True
         self._drop_tensor_hooks()
         super()._end_step()
 
@@ -658,7 +709,7 @@ class TorchModuleHooks:
         if not is_torch_module(module):
             raise TypeError(f"register_forward needs a torch.nn.Module, got {type(module).__name__}")
         label, grad_key = self._claim(name, "activation"), self._claim(f"{check_name(name)}:grad_output", "grad_output")
-        handle = self._keep(label, "activation", TorchHandle(module.register_forward_hook(torch_forward_hook(self, label))))
+        handle = self._keep(label, "activation", TorchSwitch(module, torch_forward_hook(self, label), on=self._enabled))
         self.stats.setdefault(grad_key, new_state())
         self.kinds[grad_key] = "grad_output"
         meta, kind = self.history.meta, torch_activation_kind(module)
@@ -688,7 +739,7 @@ class TorchStepHooks:
         "Hand each loss `loss_fn` computes to the loss panels (1 and 7)."
         if not is_torch_module(loss_fn):
             raise TypeError(f"register_loss needs a loss nn.Module, got {type(loss_fn).__name__}")
-        handle = self._keep_extra(TorchHandle(loss_fn.register_forward_hook(torch_loss_hook(self))))
+        handle = self._keep_extra(TorchSwitch(loss_fn, torch_loss_hook(self), on=self._enabled))
         self.history.meta["loss"] = {"name": type(loss_fn).__name__, "has_classes": type(loss_fn).__name__ not in REGRESSION_LOSSES}
         return handle
 
@@ -737,8 +788,12 @@ class TorchLabels:
                 raise TypeError(f"groups must be an integer tensor of labels 0..N-1, got dtype {groups.dtype}")
             if names is None:
                 raise ValueError("label_batch(groups, names=...): a tensor of labels 0..N-1 needs the N group names")
-            names = tuple(check_name(str(n)) for n in names)
-            self._labels = (groups.reshape(-1).long(), names)
+            key = tuple(names)
+            if key != self._label_names[0]:         # the same names as last time: checked already
+                self._label_names = (key, tuple(check_name(str(n)) for n in key))
+            if groups.dim() != 1 or groups.dtype != torch.long:
+                groups = groups.reshape(-1).long()
+            self._labels = (groups, self._label_names[1])
         else:
             ids = [self._group_ids.setdefault(check_name(str(g)), len(self._group_ids)) for g in groups]
             self._labels = (torch.tensor(ids, dtype=torch.long), tuple(self._group_ids))
@@ -962,6 +1017,7 @@ class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchSte
                  schedules: dict | None = None, panels=(), ops=None, histogram_bins: int = 40, **options):
         _check_torch_args(model, optimizer, loss_fn)
         self._fired, self._expected, self._warned, self._tensor_handles, self._group_ids = {}, None, None, [], {}
+        self._hooks_on, self._fired_whole_step, self._label_names = True, True, (None, None)
         self.flush_every = check_int(flush_every, "flush_every", 1)
         super().__init__(None, None, ops=ops if ops is not None else TorchOps(), histogram_bins=histogram_bins, **options)
         self.panels = _all_panels(torch_panels(self.stats, histogram_bins), panels, schedules, self.ops, self.clock)
@@ -1012,12 +1068,12 @@ class InspectedTorchRun(TorchRun):
                                         for name, options in INSPECTOR_WATCHERS.items()}}
 
 # %% ../nbs/14a_torch.ipynb #7588503b
-def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> dict:
-    "Per variant the ms/step of each repeat, interleaved; raises if any run ends with other parameters than the rest."
+def measure_width(config: TrainConfig, data, repeats: int, block: int = 20, clock=None) -> dict:
+    "Per variant the ms/step of each repeat, interleaved, by `clock` (default: elapsed time); raises if any run ends with other parameters than the rest."
     times = {v: [] for v in TORCH_BENCH_VARIANTS}
     for _ in range(repeats):
         runs = {v: InspectedTorchRun(config, data, hooks) for v, hooks in TORCH_BENCH_VARIANTS.items()}
-        ms = lockstep(runs, config.steps - 2, block)
+        ms = lockstep(runs, config.steps - 2, block, clock=clock or time.perf_counter)
         digests = {v: run.finish() for v, run in runs.items()}
         if len(set(digests.values())) > 1:
             raise AssertionError(f"watching changed the PyTorch training run: {digests}")
@@ -1027,14 +1083,15 @@ def measure_width(config: TrainConfig, data, repeats: int, block: int = 20) -> d
 
 # %% ../nbs/14a_torch.ipynb #df24d27d
 def torch_overhead(steps: int = 200, repeats: int = 5, widths=(64, 256, 1024), width_repeats: int = 3, seed: int = 0,
-                   threads: int = 1, block: int = 20) -> dict:
-    "The Inspector's overhead on the PyTorch twin of the reference model, by width: {width: {torch_ms, variant: spread}}."
+                   threads: int = 1, block: int = 20, clock: str = "wall") -> dict:
+    "The Inspector's overhead on the PyTorch twin of the reference model, by width: {width: {torch_ms, variant: spread}}; `clock`: 'wall' or 'cpu' (`13_overhead`'s)."
     config = TrainConfig(steps=check_int(steps, "steps", 3), seed=seed, progress=False, eval_every=steps, blas_threads=threads)
+    timer = _check_clock(clock, threads)          # a bad clock is refused before any work
     data, out = run_data(config), {}
     with limit_blas_threads(threads), torch_threads(threads):
         for width in widths:
             point = replace(config, hidden=(check_int(width, "width", 1),) * 2)
-            times = measure_width(point, data, repeats if point.hidden == config.hidden else width_repeats, block)
+            times = measure_width(point, data, repeats if point.hidden == config.hidden else width_repeats, block, timer)
             out[width] = {"torch_ms": statistics.median(times["torch"]),
                           **{v: _spread(_paired(times, v, "torch")) for v in TORCH_BENCH_VARIANTS if v != "torch"}}
     return out

@@ -219,6 +219,31 @@ def test_two_inspectors_on_one_model_are_independent():
     assert hook_count(model, opt, loss_fn) == 0
 
 
+
+def module_hooks(model, loss_fn) -> int:
+    return sum(len(m._forward_hooks) for m in model.modules()) + len(loss_fn._forward_hooks)
+
+
+def test_a_disabled_inspector_keeps_no_module_hooks():
+    model, opt = build("mlp")              # 5 leaf modules
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no hook-fired warning, even for the step where it was enabled mid-step
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, enabled=False).attach() as insp:
+            assert module_hooks(model, loss_fn) == 0 and len(opt._optimizer_step_post_hooks) == 1   # steps still counted
+            run(model, opt, loss_fn, data[:2])
+            opt.zero_grad()
+            loss_fn(model(data[2][0]), data[2][1]).backward()    # this step's forward ran with no hooks on
+            insp.enabled = True
+            assert module_hooks(model, loss_fn) == 5 + 1
+            opt.step()
+            run(model, opt, loss_fn, data[3:])
+            insp.enabled = False
+            assert module_hooks(model, loss_fn) == 0
+    assert insp.step == 5 and insp.history.get("loss/train")[0].tolist() == [3, 4]
+    assert "hooks/missing" not in insp.history.series and hook_count(model, opt, loss_fn) == 0
+
 def test_no_graph_or_activation_kept_past_the_step():
     model, opt = build("mlp")
     loss_fn = nn.CrossEntropyLoss()
