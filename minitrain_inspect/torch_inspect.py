@@ -22,6 +22,8 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
                                        PerClassPanel, Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
                                        check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
+from . import speed
+from .speed import _lane_input, lane_moments
 from .stats import TensorMoments, check_int, fold_moments, new_state, summarize
 from .overhead import TorchRun, _check_clock, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
@@ -34,11 +36,11 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
            'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'host_moments', 'Later', 'to_host',
            'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm',
-           'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
-           'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
-           'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
-           'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
-           'TorchHandle', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
+           'lane_row', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel',
+           'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
+           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel',
+           'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
+           'missing_message', 'TorchHandle', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
            'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
            'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
            'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
@@ -241,6 +243,20 @@ class TorchSpectralNorm:
             self._v = torch.where(size > 0, w / torch.where(size > 0, size, 1.0), self._v)
         return sigma
 
+# %% ../nbs/14a_torch.ipynb #1a27bf28
+def lane_row(x, kernels):
+    '''The 7 numbers of `moments_row(x)` by `10a_speed`'s lane passes (`kernels`), read from a zero-copy NumPy view: a
+    float64 CPU vector within `08_stats`'s bounds; None where they do not apply (then `moments_row` is the answer).'''
+    torch = require_torch()
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() < 2
+            or not x.is_contiguous() or x.is_neg()):
+        return None
+    flat = x.detach().numpy().reshape(-1)      # the tensor's own memory: the passes only read it
+    tm = lane_moments(kernels, flat) if _lane_input(flat) else None    # None: a non-finite value, or too spread
+    if tm is None:
+        return None
+    return torch.from_numpy(np.array([tm.n, tm.mean, tm.m2, tm.min, tm.max, 0.0, 0.0]))
+
 # %% ../nbs/14a_torch.ipynb #ff041d1d
 class TorchNorms:
     "Norms, copies and changes of tensors in float64 on their device: the update and spectral panels' side of the interface."
@@ -268,10 +284,14 @@ class TorchOps(TorchNorms):
 
     def __init__(self):
         self.scratch = TorchScratch()      # float64 buffers reused by every tensor this object measures (CPU)
+        # the compiled lane passes (None without numba), compiled now, never inside a measured step; a subclass that
+        # keeps rows of its own (`14b_ddp`'s) does not use them, and does not compile them
+        self.lanes = speed.moment_lane_kernels() if type(self).moments_row is TorchOps.moments_row else None
 
     def moments_row(self, x):
-        "The 7 moments of `x` as one device vector (`moments_row`): what the tensor panels record, folded at the flush."
-        return moments_row(x, self.scratch)
+        "The 7 moments of `x` as one float64 vector: `lane_row` where it applies (CPU), else `moments_row` on the device."
+        row = lane_row(x, self.lanes) if self.lanes is not None else None
+        return moments_row(x, self.scratch) if row is None else row
 
     def moments(self, state: dict, x) -> TensorMoments:
         "`NumpyOps.moments` for a tensor: fold `x` into `state` now. It waits for the device; the panels use `moments_row`."

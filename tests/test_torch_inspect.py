@@ -11,6 +11,7 @@ nn = torch.nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from minitrain_inspect import speed
 from minitrain_inspect.inspect import EVERY_STEP, PANELS, Inspector
 from minitrain_inspect.stats import fold_moments, new_state, summarize
 from minitrain_inspect.torch_inspect import TORCH_SUM_ERROR, TorchInspector, host_moments, moments_row, to_host
@@ -264,14 +265,16 @@ class HostCalls(TorchFunctionMode):
     "Counts the ways a tensor's value can reach the host: on CPU these dispatch no copy, so a dispatch mode misses them."
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count, self.cpu_views = 0, 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         to_host = name == "to" and any(str(a) == "cpu" or getattr(a, "type", None) == "cpu"
                                        for a in (*args[1:], *kwargs.values()))
-        if name in HOST_FUNCTIONS or to_host:
+        if name == "numpy" and args[0].device.type == "cpu" and not to_host:
+            self.cpu_views += 1         # a view of host memory, no transfer (the compiled moments on the CPU): kept apart
+        elif name in HOST_FUNCTIONS or to_host:
             self.count += 1
         return func(*args, **kwargs)
 
@@ -287,7 +290,8 @@ class ScalarReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted_steps(kind, opt_name, inspector_args):
+def counted_steps(kind, opt_name, inspector_args, views=None):
+    "(host reads, scalar reads) over 20 steps; in `views`, if given, the zero-copy NumPy views of CPU tensors taken."
     model, opt = build(kind, opt=opt_name)
     loss_fn = nn.CrossEntropyLoss(reduction="none")
     data = batches(22)
@@ -299,14 +303,23 @@ def counted_steps(kind, opt_name, inspector_args):
         run(model, opt, loss_fn, data[2:], insp, label=True)             # 20 steps
     if insp is not None:
         insp.remove_all()
+    if views is not None:
+        views.append(calls.cpu_views)
     return calls.count, reads.count
 
 
+@pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
-def test_no_host_sync_between_flushes(opt_name):
-    plain = counted_steps("cnn", opt_name, None)
-    watched = counted_steps("cnn", opt_name, {"schedules": EVERY_STEP, "flush_every": 1000})
+def test_no_host_sync_between_flushes(opt_name, lanes, monkeypatch):
+    if not lanes:      # the PyTorch route, which every tensor off the CPU takes: not even a view of host memory
+        monkeypatch.setattr(speed, "moment_lane_kernels", lambda: None)
+    elif speed.moment_lane_kernels() is None:
+        pytest.skip("numba is not installed: no compiled moments")
+    plain_views, watched_views = [], []
+    plain = counted_steps("cnn", opt_name, None, plain_views)
+    watched = counted_steps("cnn", opt_name, {"schedules": EVERY_STEP, "flush_every": 1000}, watched_views)
     assert watched == plain, f"the Inspector added host syncs: {watched} against {plain} unobserved"
+    assert (watched_views[0] > plain_views[0]) == lanes, (watched_views, plain_views)   # the lanes: zero-copy views only
     if opt_name == "adamw":
         assert plain[0] > 0        # AdamW's default step reads its step count on the host: the comparison sees it
 
@@ -624,6 +637,7 @@ def test_scratch_moments_are_bit_identical_to_fresh_copies(dtype):
 def test_scratch_is_kept_by_the_ops_and_bounded(monkeypatch):
     import minitrain_inspect.torch_inspect as ti
     ops = ti.TorchOps()
+    ops.lanes = None        # the scratch serves the PyTorch route (the compiled lanes copy nothing)
     ops.moments_row(torch.ones(10, 10))
     kept = ops.scratch.buffers.data_ptr()
     ops.moments_row(torch.ones(4, 3))
@@ -631,3 +645,49 @@ def test_scratch_is_kept_by_the_ops_and_bounded(monkeypatch):
     monkeypatch.setattr(ti, "SCRATCH_LIMIT", 50)     # past the limit: fresh buffers, the scratch untouched
     x = torch.arange(60.0)
     assert torch.equal(ops.moments_row(x), ti.moments_row(x)) and ops.scratch.buffers.shape == (2, 100)
+
+
+# ---------------------------------------------------------------- compiled moments on the CPU (10a_speed's lanes)
+def test_lane_rows_are_within_08_bounds_and_leave_training_alone():
+    from fractions import Fraction
+    from minitrain_inspect.stats import MEAN_ERROR, m2_error_bound
+    from minitrain_inspect.torch_inspect import TorchOps, lane_row, moments_row
+    lanes = speed.moment_lane_kernels()
+    if lanes is None:
+        pytest.skip("numba is not installed: no compiled moments")
+    rng = np.random.default_rng(21)
+    for x in (torch.from_numpy(rng.standard_normal((33, 65)) * 1e-3 + 2.5).float(),      # kappa about 6e6
+              torch.from_numpy(rng.standard_normal(200_000) * 5 - 1e3)):                  # several lane blocks
+        row = TorchOps().moments_row(x)
+        assert torch.equal(row, lane_row(x, lanes)) and row.dtype == torch.float64
+        values = [Fraction(float(v)) for v in x.reshape(-1)]
+        n, mean = len(values), sum(values) / len(values)
+        m2 = sum((v - mean) ** 2 for v in values)
+        got = row.tolist()
+        assert got[0] == n and got[3:] == [x.min().item(), x.max().item(), 0, 0]
+        assert abs(Fraction(got[1]) - mean) <= MEAN_ERROR * x.double().abs().mean().item()
+        one_pass = speed.LANE_ONE_PASS_ERROR if x.dtype == torch.float32 else 0.0
+        assert abs(Fraction(got[2]) - m2) <= max(m2_error_bound(1 + float(mean * mean * n / m2)), one_pass) * m2
+    x = torch.from_numpy(rng.standard_normal((20, 30))).float()
+    for other in (x.T, x.half(), x.bfloat16(), torch.tensor([0.0, math.inf]), x[:1, :1], torch.empty(5, device="meta")):
+        assert lane_row(other, lanes) is None       # the PyTorch route for these, as before
+
+
+def test_without_numba_the_torch_route_is_unchanged(monkeypatch):
+    from minitrain_inspect.torch_inspect import TorchOps, moments_row
+    x = torch.from_numpy(np.random.default_rng(22).standard_normal((40, 50)) + 7).float()
+    with_lanes = TorchOps()
+    monkeypatch.setattr(speed, "moment_lane_kernels", lambda: None)
+    ops = TorchOps()
+    assert ops.lanes is None and torch.equal(ops.moments_row(x), moments_row(x))
+    histories = []
+    for lanes in (None, with_lanes.lanes):       # the same run without and with the compiled moments
+        model, opt = build("mlp")
+        loss_fn = nn.CrossEntropyLoss()
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            insp.ops.lanes = lanes
+            run(model, opt, loss_fn, batches(3))
+        histories.append((insp.history.get("activations/fc1/mean")[1], [p.detach().clone() for p in model.parameters()]))
+    (plain_means, plain_params), (lane_means, lane_params) = histories
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, lane_params))     # training itself is the same
+    assert plain_means == pytest.approx(lane_means, rel=1e-12)                  # the figures: by rounding only
