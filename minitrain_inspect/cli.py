@@ -509,10 +509,17 @@ def _run_torch_overhead(args) -> int:
     if not torch_available():
         raise ValueError(f"overhead --framework torch needs PyTorch, which is not installed: {INSTALL_HINT}")
     from minitrain_inspect.torch_inspect import torch_overhead, torch_overhead_table
+    from minitrain_inspect.stats import atomic_write_text, check_output_path
     s = _settings(args)
+    out = None if args.out is None else check_output_path(args.out)     # refused before any work
     result = torch_overhead(steps=s["steps"], repeats=s["repeats"], widths=s["widths"], width_repeats=s["scaling_repeats"],
                             threads=_positive("blas-threads", args.blas_threads), clock=args.clock)
-    print(json.dumps({str(k): v for k, v in result.items()}) if args.json else torch_overhead_table(result))
+    table = torch_overhead_table(result)
+    if out is not None:
+        atomic_write_text(out, table + "\n")
+    print(json.dumps({str(k): v for k, v in result.items()}) if args.json else table)
+    if out is not None:
+        print(f"written to {out}", file=sys.stderr)
     return 0
 
 # %% ../nbs/18_cli.ipynb #62b9d526

@@ -379,3 +379,14 @@ def test_diagnose_gallery_with_the_protocol_rows():
     assert frozen["baseline"]["fired"] is True and frozen["baseline"]["value"] == 0.0, frozen["baseline"]
     text = run("diagnose", "--gallery", "--steps", "60", "--seeds", "1", "--every", "20", "--protocol", "--quiet").stdout
     assert "DFA (direct feedback alignment)" in text and "frozen baseline (readout only)" in text
+
+
+def test_overhead_framework_torch_writes_its_table_to_out_and_refuses_a_bad_out_first(tmp_path):
+    pytest.importorskip("torch")
+    start = time.monotonic()
+    assert_one_line_error(run("overhead", "--framework", "torch", "--steps", "100000", "--out", "/proc/x.md"), "/proc")
+    assert time.monotonic() - start < 120                      # refused before any measurement
+    out = tmp_path / "torch.md"
+    r = run("overhead", "--framework", "torch", "--quick", "--widths", "64", "--quiet", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == r.stdout and "| Inspector, default schedules |" in r.stdout   # the printed table, written
