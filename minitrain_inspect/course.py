@@ -643,9 +643,10 @@ def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
         while True:
             frame = frames().get(main_ident)
             if (frame is not None and frame.f_code is park_code and frame.f_back is not None
-                    and frame.f_back.f_code is main_code and frame.f_back.f_locals.get("seq") == seq):
-                here = frame.f_back.f_locals
-                break
+                    and frame.f_back.f_code is main_code):
+                here = frame.f_locals      # park's own arguments: bound once, when the cell was over
+                if here.get("seq") == seq:
+                    break
             sleep(0.002)
         status, message = here.get("status"), here.get("message")
         if type(status) is not str or type(message) is not str or status not in ("ok", "fail"):
@@ -663,8 +664,9 @@ def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
         go.release()
 
 # %% ../nbs/16_course.ipynb #603ae604
-def harness_park(go) -> None:
-    "The main thread waits here, its outcome in its frame, until the trusted thread has read it."
+def harness_park(go, seq, status, message, ns) -> None:
+    """The main thread waits here after cell `seq`, its outcome in this frame's arguments, until the trusted thread
+    has read them."""
     go.acquire()
 
 # %% ../nbs/16_course.ipynb #efe2b83a
@@ -731,7 +733,7 @@ def harness_main() -> None:
                 pyplot.close("all")
         except base_exception:
             pass
-        park(go)
+        park(go, seq, status, message, ns)
 
 # %% ../nbs/16_course.ipynb #d7f007d4
 HARNESS = (failure_message, harness_describe, harness_snapshot, harness_tampered, harness_guard, harness_trusted,
