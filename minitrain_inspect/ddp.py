@@ -34,13 +34,13 @@ __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'M
            'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
            'row_moments', 'merge_rows', 'merged_numbers', 'merge_row_block', 'unit_counts', 'unit_points',
            'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
-           'merged_points', 'fixed_points', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows', 'sum_across',
-           'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows', 'DDPReplace',
-           'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook', 'global_sq_norm',
-           'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures', 'is_collective_error',
-           'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note', 'add_rank_note',
-           'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values', 'probe_class',
-           'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
+           'merged_points', 'fixed_points', 'rank_mean', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows',
+           'sum_across', 'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows',
+           'DDPReplace', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
+           'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
+           'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
+           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
+           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
@@ -249,11 +249,20 @@ def fixed_points(points: list) -> list:
     "Points already on the host, as a `Later.finish`: `Later(fixed_points, (points,))` gives `points` at the flush."
     return points
 
+# %% ../nbs/14b_ddp.ipynb #7c2d9e40
+def rank_mean(losses: list) -> float:
+    "The mean of finite `losses` (one per rank): `math.fsum` over the count, or the exact rational mean where the sum overflows."
+    try:
+        return math.fsum(losses) / len(losses)
+    except OverflowError:    # a finite mean of losses whose sum leaves float64
+        from fractions import Fraction
+        return float(sum(map(Fraction, losses)) / len(losses))
+
 # %% ../nbs/14b_ddp.ipynb #2993555c
 def loss_points(key: str, losses: list) -> list:
     "The loss over ranks at one step (`losses`, one per rank): the mean (DDP weighs ranks equally), and its per-rank spread."
     finite = [v for v in losses if math.isfinite(v)]
-    mean = math.fsum(losses) / len(losses) if len(finite) == len(losses) else math.nan
+    mean = rank_mean(losses) if len(finite) == len(losses) else math.nan
     worst = max(range(len(losses)), key=lambda r: (not math.isfinite(losses[r]), losses[r] if math.isfinite(losses[r]) else 0))
     name = key.split("/", 1)[1]
     return [(key, mean), (f"ranks/{name}/min", min(finite, default=math.nan)),
@@ -267,7 +276,7 @@ def loss_spread(losses) -> tuple:
     whole, some = finite.all(axis=0), finite.any(axis=0)
     low = np.where(finite, losses, math.inf).argmin(axis=0)       # the first rank with the least finite loss, as min() picks
     high = np.where(finite, losses, -math.inf).argmax(axis=0)
-    mean = [math.fsum(c) / len(c) if ok else math.nan for c, ok in zip(losses.T.tolist(), whole.tolist())]
+    mean = [rank_mean(c) if ok else math.nan for c, ok in zip(losses.T.tolist(), whole.tolist())]
     worst = np.where(whole, high, (~finite).argmax(axis=0))        # a rank with a non-finite loss first, else the highest
     return (mean, np.where(some, losses[low, steps], math.nan).tolist(), np.where(some, losses[high, steps], math.nan).tolist(),
             worst.astype(np.float64).tolist())
