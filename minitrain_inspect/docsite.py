@@ -334,12 +334,15 @@ class DocsiteWarning(UserWarning):
 
 
 _UNKNOWN_COMMAND = re.compile(r">(\\[A-Za-z]+)<")
+_TEXT = re.compile(r"(<mtext[^>]*>)([^<]*)(</mtext>)")   # text inside a formula: \texttt{SUM\_ERROR}, say
+_TEXT_ESCAPE = re.compile(r"\\([_%&#$])")                 # LaTeX's escapes there, which latex2mathml keeps
 
 
 def formula_html(latex: str, display: bool = False) -> tuple[str, str | None]:
     "The MathML of the formula `latex`, and None; or, if it cannot be converted, its source marked as such, and why."
     try:
         mathml = latex2mathml.converter.convert(latex, display="block" if display else "inline")
+        mathml = _TEXT.sub(lambda m: m[1] + _TEXT_ESCAPE.sub(lambda e: "&amp;" if e[1] == "&" else e[1], m[2]) + m[3], mathml)
         unknown = _UNKNOWN_COMMAND.search(mathml)
         reason = None if unknown is None else f"unknown command {unknown[1]}"
     except Exception as exc:           # latex2mathml raises errors of many types on LaTeX it cannot parse
