@@ -40,8 +40,8 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
            'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel',
            'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
-           'missing_message', 'TorchHandle', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
-           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
+           'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired',
+           'TorchSteps', 'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
            'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
            'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
            'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
@@ -566,12 +566,22 @@ class TorchHandle:
         self.handle.remove()
         self.removed = True
 
+# %% ../nbs/14a_torch.ipynb #3e6a1f0b
+def hook_order(keys: list, key, before, after) -> list:
+    """`keys` (a module's hook ids in calling order) with `key` moved back to its place: just after the last hook still
+    there of those that were `before` it, else just before the first of those that were `after` it, else last."""
+    rest, before, after = [k for k in keys if k != key], set(before), set(after)
+    at = max((i + 1 for i, k in enumerate(rest) if k in before), default=None)
+    if at is None:
+        at = next((i for i, k in enumerate(rest) if k in after), len(rest))
+    return rest[:at] + [key] + rest[at:]
+
 # %% ../nbs/14a_torch.ipynb #7f8ad70f
 class TorchSwitch(TorchHandle):
     "A forward hook on `module` that is on it only while switched on (`on()`, `off()`); `remove()` takes it off for good."
 
     def __init__(self, module, hook, on: bool = True):
-        self.module, self.hook = module, hook
+        self.module, self.hook, self._place = module, hook, None
         super().__init__(None)
         if on:
             self.on()
@@ -582,13 +592,20 @@ class TorchSwitch(TorchHandle):
         return self.handle is not None
 
     def on(self) -> None:
-        "Put the hook on the module (last among its forward hooks), unless it is on already or removed."
+        "Put the hook on the module (last the first time, then back in its place: `hook_order`), unless on already or removed."
         if self.handle is None and not self.removed:
             self.handle = self.module.register_forward_hook(self.hook)
+            if self._place is not None:
+                hooks = self.module._forward_hooks
+                for key in hook_order(list(hooks), self.handle.id, *self._place):
+                    hooks.move_to_end(key)
 
     def off(self) -> None:
         "Take the hook off the module, until `on()`."
         if self.handle is not None:
+            keys = list(self.module._forward_hooks)
+            at = keys.index(self.handle.id)
+            self._place = (keys[:at], keys[at + 1:])
             self.handle.remove()
             self.handle = None
 
