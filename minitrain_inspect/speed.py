@@ -22,10 +22,10 @@ from .stats import (_F64_SPREAD, SUM_ERROR, TensorMoments, _fsum, fold_moments, 
 # %% auto #0
 __all__ = ['SQUARES_LANES', 'SUM_CHUNK', 'MOMENT_LANES', 'LANE_BLOCK', 'LANE_ROUNDINGS', 'LANE_SUM_ERROR', 'LANE_ONE_PASS_LIMIT',
            'LANE_ONE_PASS_ERROR', 'LANE_BODIES', 'SPECTRAL_LANES', 'squares_bound', 'subtract_measuring_numpy',
-           'subtract_kernel', 'subtract_measuring', 'UpdateMeasure', 'unit_kernel', 'compiled_unit_summary',
-           'first_pass', 'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels', 'compiled_moments',
-           'compiled_squares', 'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm', 'CompiledOps',
-           'FastUpdatePanel', 'fast_inspector']
+           'subtract_kernel', 'subtract_measuring', 'difference_kernel', 'UpdateMeasure', 'unit_kernel',
+           'compiled_unit_summary', 'first_pass', 'lane_route', 'LaneKernels', 'lane_moments', 'moment_lane_kernels',
+           'compiled_moments', 'compiled_squares', 'half_round_bound', 'spectral_kernel', 'CompiledSpectralNorm',
+           'CompiledOps', 'FastUpdatePanel', 'fast_inspector']
 
 # %% ../nbs/10a_speed.ipynb #e6548408
 SQUARES_LANES = 1024   # float64 partial sums: value i goes to lane i % 1024; the lanes are added in order at the end
@@ -119,6 +119,42 @@ def subtract_measuring(data: np.ndarray, update) -> tuple[float, float]:
         return subtract_measuring_numpy(data, update)
     change, before = kernel(data.reshape(-1), update.reshape(-1))
     return float(change), float(before)
+
+# %% ../nbs/10a_speed.ipynb #b6e2d8f3
+def _difference_squares(before, after):
+    '''The float64 sums of the squares of `after - before` (in float64) and of `before`, for two 1-D arrays of one size
+    (float32 or float64), in `SQUARES_LANES` lanes (see `squares_bound`).'''
+    n, lanes = before.size, SQUARES_LANES
+    whole = n - n % lanes
+    lane_change, lane_before = np.zeros(lanes), np.zeros(lanes)
+    for start in range(0, whole, lanes):
+        for k in range(lanes):                      # a constant trip count: vectorised across the lanes
+            old = np.float64(before[start + k])
+            step = np.float64(after[start + k]) - old
+            lane_change[k] += step * step
+            lane_before[k] += old * old
+    for k in range(n - whole):                      # the tail, into the first lanes
+        old = np.float64(before[whole + k])
+        step = np.float64(after[whole + k]) - old
+        lane_change[k] += step * step
+        lane_before[k] += old * old
+    change, total = 0.0, 0.0
+    for k in range(lanes):                          # the lanes, in order
+        change += lane_change[k]
+        total += lane_before[k]
+    return change, total
+
+
+@functools.cache
+def difference_kernel():
+    "`_difference_squares` compiled by numba for float32 and float64 pairs (once per process; no fastmath), or None without numba."
+    numba = optional_numba()
+    if numba is None:
+        return None
+    with sigint_deferred():   # a Ctrl-C inside LLVM's compiler would be lost: held until the compilation ends
+        pair = numba.types.UniTuple(numba.float64, 2)
+        signatures = [pair(a, a) for a in (numba.float32[::1], numba.float64[::1])]
+        return numba.njit(signatures, cache=False, boundscheck=False, nogil=True)(_difference_squares)
 
 # %% ../nbs/10a_speed.ipynb #f0403775
 class UpdateMeasure:

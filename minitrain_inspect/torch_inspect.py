@@ -38,15 +38,15 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm',
            'lane_row', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel',
            'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
-           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'TorchUpdatePanel', 'TorchSpectralPanel',
-           'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
-           'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired',
-           'TorchSteps', 'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
-           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
-           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'host_weights', 'TorchUpdatePanel',
+           'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
+           'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush',
+           'TorchFired', 'TorchSteps', 'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks',
+           'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
+           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave',
+           'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun',
+           'measure_width', 'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field',
+           'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -287,6 +287,8 @@ class TorchOps(TorchNorms):
         # the compiled lane passes (None without numba), compiled now, never inside a measured step; a subclass that
         # keeps rows of its own (`14b_ddp`'s) does not use them, and does not compile them
         self.lanes = speed.moment_lane_kernels() if type(self).moments_row is TorchOps.moments_row else None
+        # the update panel's pass over CPU weights (`TorchUpdatePanel`), under the same condition
+        self.differences = speed.difference_kernel() if self.lanes is not None else None
 
     def moments_row(self, x):
         "The 7 moments of `x` as one float64 vector: `lane_row` where it applies (CPU), else `moments_row` on the device."
@@ -447,19 +449,33 @@ def ratio_points(key: str, change: float, norm: float) -> list:
     return [(key, change / norm if 0 < norm < math.inf else math.nan)]
 
 # %% ../nbs/14a_torch.ipynb #7834ab21
+def host_weights(p) -> bool:
+    "Whether `10a_speed`'s difference pass can read parameter `p` in place: a contiguous float32/float64 CPU tensor."
+    torch = require_torch()
+    return (p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) and p.is_contiguous()
+            and not p.is_neg() and not p.is_conj())
+
+
 class TorchUpdatePanel(UpdatePanel):
-    "Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from float64 copies, as device tensors (`_foreach` ops)."
+    """Panel 4 for PyTorch: ‖Δw‖ / ‖w‖ across one optimiser step, from copies taken before it. On the device: float64
+    copies and `_foreach` norms, as device tensors. CPU weights, with numba: copies in their own dtype and one compiled
+    pass afterwards (`speed.difference_kernel`), host numbers at once."""
 
     def on_step_begin(self, params, optimizer) -> None:
         self._copied = list(params)
+        kernel = getattr(self.ops, "differences", None)
+        self._on_host = kernel is not None and all(host_weights(p) for _, p in self._copied)
         buffers = [self._buffer(name, p) for name, p in self._copied]
         torch = require_torch()
         torch._foreach_copy_(buffers, [p.detach() for _, p in self._copied])   # every copy in one call
-        self._norms.update(zip((name for name, _ in self._copied), torch._foreach_norm(buffers)))
+        if not self._on_host:
+            self._norms.update(zip((name for name, _ in self._copied), torch._foreach_norm(buffers)))
 
     def on_step_end(self, params) -> None:
         if not self._copied:
             return
+        if self._on_host:
+            return self._host_ratios()
         torch = require_torch()
         buffers = [self._before[name] for name, _ in self._copied]
         torch._foreach_sub_(buffers, [p.detach() for _, p in self._copied])    # each buffer now holds −Δw, in float64
@@ -468,11 +484,20 @@ class TorchUpdatePanel(UpdatePanel):
             self.record(None, Later(finish, (change, self._norms[name])))
         self._copied = []
 
+    def _host_ratios(self) -> None:
+        "The ratios of CPU weights: Σ(Δw)² and Σw² by one compiled pass over the copy and the weights, in place."
+        for name, p in self._copied:
+            change, before = self.ops.differences(self._before[name].numpy().reshape(-1), p.detach().numpy().reshape(-1))
+            (point,) = ratio_points(f"updates/{name}/ratio", math.sqrt(change), math.sqrt(before))
+            self.record(*point)
+        self._copied = []
+
     def _buffer(self, name: str, p):
-        "The float64 buffer of parameter `name`, allocated once (again if its shape or device changes)."
+        "The copy of parameter `name` (float64, or its own dtype on the host path), allocated once (again if it changes)."
         torch, buffer = require_torch(), self._before.get(name)
-        if buffer is None or buffer.shape != p.shape or buffer.device != p.device:
-            buffer = self._before[name] = torch.empty(p.shape, dtype=torch.float64, device=p.device)
+        dtype = p.dtype if self._on_host else torch.float64
+        if buffer is None or buffer.shape != p.shape or buffer.device != p.device or buffer.dtype != dtype:
+            buffer = self._before[name] = torch.empty(p.shape, dtype=dtype, device=p.device)
         return buffer
 
 # %% ../nbs/14a_torch.ipynb #e287a9e2
