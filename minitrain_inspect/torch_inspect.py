@@ -76,10 +76,11 @@ def masked_moments(flat) -> TorchMoments:
     torch = require_torch()
     finite = torch.isfinite(flat)
     n = finite.sum(dtype=torch.float64)
-    mean = torch.where(finite, flat, 0.0).sum() / n
-    centred = torch.where(finite, flat, mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
+    first = flat.index_select(0, finite.to(torch.uint8).argmax().reshape(1)).squeeze()   # a finite value, if any
+    lo, hi = torch.aminmax(torch.where(finite, flat, first))     # the extremes of the finite values
+    mean = torch.clamp(torch.where(finite, flat, 0.0).sum() / n, lo, hi)   # rounded outside them: held at the edge
+    centred = torch.where(finite, flat, mean)     # a non-finite value becomes the mean: no deviation
     deviation = centred - mean
-    lo, hi = torch.aminmax(centred)
     return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n,
                         torch.isnan(flat).sum(dtype=torch.float64))
 
@@ -128,10 +129,11 @@ def torch_moments(x, scratch=None) -> TorchMoments:
     inf, nan = torch.div(codes, big, rounding_mode="floor"), codes.remainder(big)      # both exact (fmod of integers)
     nonfinite = nan + inf
     n = size - nonfinite
-    mean = clean.sum() / n
-    filled = clean.addcmul_(code.clamp_(max=1.0), mean)     # a non-finite value becomes the mean: no deviation, within [min, max]
-    lo, hi = torch.aminmax(filled)
-    m2 = torch.linalg.vector_norm(filled.sub_(mean)).square()
+    total, at = clean.sum(), code.bool()                    # at: where the NaN and ±inf were
+    first = clean.index_select(0, code.argmin().reshape(1)).squeeze()   # a finite value (code 0), if there is one
+    lo, hi = torch.aminmax(clean.masked_fill_(at, first))   # the extremes of the finite values
+    mean = torch.clamp(total / n, lo, hi)                   # a mean rounded outside them: held at the edge
+    m2 = torch.linalg.vector_norm(clean.masked_fill_(at, mean).sub_(mean)).square()   # non-finite: no deviation
     return TorchMoments(n, mean, m2, lo, hi, nonfinite, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
@@ -332,6 +334,8 @@ class TorchTensorPanel(TensorPanel):
         if keys is None:
             keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{field}", self.FIELDS[field]) for field in self.fields]
         finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
+        if x.layout != require_torch().strided:    # a sparse gradient (`nn.Embedding(sparse=True)`): the dense tensor it stands for
+            x = x.to_dense()
         self.record(None, Later(finish, (self.ops.moments_row(x),)))
 
 # %% ../nbs/14a_torch.ipynb #7fb69126

@@ -692,3 +692,17 @@ def test_without_numba_the_torch_route_is_unchanged(monkeypatch):
     (plain_means, plain_params), (lane_means, lane_params) = histories
     assert all(torch.equal(a, b) for a, b in zip(plain_params, lane_params))     # training itself is the same
     assert plain_means == pytest.approx(lane_means, rel=1e-12)                  # the figures: by rounding only
+
+
+def test_a_sparse_gradient_is_measured_as_the_dense_tensor_it_stands_for():
+    model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(8, 3))
+    opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss()
+    x, y = torch.randint(0, 10, (5, 2), generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0, 1])
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        dense = model[0].weight.grad.to_dense()
+        opt.step()                               # crashed in the gradient panel before: copy_() of a sparse tensor
+        insp.flush()
+        (l2,) = insp.history.get("gradients/0.weight/l2")[1].tolist()
+    assert l2 == pytest.approx(float(torch.linalg.vector_norm(dense.double())), rel=1e-12)
