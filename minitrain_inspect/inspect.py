@@ -610,7 +610,9 @@ class InspectorStepEnd(InspectorSteps):
     def _end_step(self) -> None:
         "The step is complete: measure what is measured at its end, flush, review the budget, open the next step."
         if self._enabled:
-            self._measure(self._due["on_step_end"], "on_step_end", self.params)
+            due = self._due["on_step_end"]
+            if due:                     # most steps: nothing measured at the end
+                self._measure(due, "on_step_end", self.params)
             self._flush()
             if self.guard is not None:
                 self.guard.end_step(self.step, self._by_name)
@@ -1109,8 +1111,9 @@ def forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module measured as `name`: hands its training-mode output to the due `on_forward` panels."
     def hook(module, args, kwargs, output):
         ### BEGIN SOLUTION
-        if module.training:
-            inspector._measure(inspector._due["on_forward"], "on_forward", name, module, output)
+        due = inspector._due["on_forward"]
+        if due and module.training:     # most steps no panel is due: return at once
+            inspector._measure(due, "on_forward", name, module, output)
         ### END SOLUTION
     return hook
 
@@ -1131,7 +1134,9 @@ def grad_output_hook(inspector, name: str) -> Callable:
     "The backward hook of the module measured as `name`: the gradient at its output to the due `on_grad_output` panels."
     def hook(module, grad_output):
         ### BEGIN SOLUTION
-        inspector._measure(inspector._due["on_grad_output"], "on_grad_output", name, module, grad_output)
+        due = inspector._due["on_grad_output"]
+        if due:
+            inspector._measure(due, "on_grad_output", name, module, grad_output)
         ### END SOLUTION
     return hook
 
@@ -1158,7 +1163,9 @@ def optimizer_hooks(inspector) -> tuple[Callable, Callable]:
         for name, param in inspector._grad_params.items() if due else ():   # no gradient panel due: nothing to hand
             if inspector._live[name].active:
                 inspector._measure(due, "on_grad", name, param, param.grad)
-        inspector._measure(inspector._due["on_step_begin"], "on_step_begin", inspector._update_params, optimizer)
+        begin = inspector._due["on_step_begin"]
+        if begin:
+            inspector._measure(begin, "on_step_begin", inspector._update_params, optimizer)
 
     def post_hook(optimizer, args, kwargs):
         inspector._end_step()
