@@ -532,7 +532,9 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         if not module.training:
             return
         inspector._fired[name] = inspector._fired.get(name, 0) + 1
-        inspector._measure(inspector._due["on_forward"], "on_forward", name, module, output)
+        due = inspector._due["on_forward"]
+        if due:                 # most steps no panel is due: only the count above
+            inspector._measure(due, "on_forward", name, module, output)
         if inspector._due["on_grad_output"]:
             inspector._hook_output(name, module, output)
         ### END SOLUTION
@@ -556,7 +558,9 @@ def torch_step_hooks(inspector) -> tuple[Callable, Callable]:
         for name, param in inspector._grad_params.items() if due else ():
             if param.grad is not None:
                 inspector._measure(due, "on_grad", name, param, param.grad)
-        inspector._measure(inspector._due["on_step_begin"], "on_step_begin", inspector._update_params, optimizer)
+        begin = inspector._due["on_step_begin"]
+        if begin:
+            inspector._measure(begin, "on_step_begin", inspector._update_params, optimizer)
 
     def post_hook(optimizer, args, kwargs):
         inspector._end_step()
@@ -684,6 +688,8 @@ class TorchFired:
     "Noticing the expected forward hooks that did not fire in a training step."
 
     def _check_fired(self) -> None:
+        if self._expected is not None and self._fired.keys() == self._expected:
+            return      # the usual step: exactly the hooks expected fired (what follows would find nothing to say)
         watched = [n for n, h in self._live.items() if self.kinds.get(n) == "activation" and h.active]
         first = self._expected is None
         self._expected, missing = missing_hooks(self._expected, self._fired, watched)
