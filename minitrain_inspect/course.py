@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import _thread
+import errno
 import functools
 import hmac
 import json
@@ -16,6 +17,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,20 +33,20 @@ from .sandbox import Limits, isolation_mode, run_in_room
 from .stats import check_output_path, replace_folder, sigint_deferred
 
 # %% auto #0
-__all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MARKER_TEXT', 'QUOTE_HINT', 'DISTINCTIVE_LENGTH',
-           'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS', 'TRUSTED_IMPORTS', 'TRUSTED_ROOTS',
-           'HARNESS', 'KEPT_ENV', 'TORCH_HINT', 'STUB_MESSAGE', 'CourseError', 'stub_source', 'solution_regions',
-           'read_notebook', 'cell_source', 'directives', 'is_skipped', 'nbgrader_meta', 'exercise_of', 'exercise_id',
-           'check_compiles', 'cell_label', 'is_exercise_cell', 'check_code_markers', 'check_marker_text',
-           'check_markers', 'stub_notebook', 'reference_root', 'find_project', 'course_notebooks',
-           'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release', 'failure_message',
-           'harness_snapshot', 'harness_tampered', 'harness_guard', 'harness_describe', 'harness_trusted',
-           'harness_park', 'harness_overlay', 'harness_main', 'child_program', 'read_channel', 'CellRun',
-           'module_notebook', 'course_package', 'grading_limits', 'run_cells', 'GradedCell', 'graded_cells',
-           'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed', 'waiting_on',
-           'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation', 'load_mutations',
-           'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise', 'run_stub_checks',
-           'exercises_without_mutation', 'sample_mutations']
+__all__ = ['BEGIN_SOLUTION', 'END_SOLUTION', 'STUB', 'DEV_HINT', 'MAX_NOTEBOOK_BYTES', 'MAX_NOTEBOOK_CELLS', 'MARKER_TEXT',
+           'QUOTE_HINT', 'DISTINCTIVE_LENGTH', 'PROJECT_FILES', 'STUDENT_README', 'DEFAULT_TIMEOUT', 'DEFAULT_WORKERS',
+           'TRUSTED_IMPORTS', 'TRUSTED_ROOTS', 'HARNESS', 'KEPT_ENV', 'MAX_CHANNEL_BYTES', 'TORCH_HINT', 'STUB_MESSAGE',
+           'CourseError', 'stub_source', 'solution_regions', 'read_notebook', 'cell_source', 'directives', 'is_skipped',
+           'nbgrader_meta', 'exercise_of', 'exercise_id', 'check_compiles', 'cell_label', 'is_exercise_cell',
+           'check_code_markers', 'check_marker_text', 'check_markers', 'stub_notebook', 'reference_root',
+           'find_project', 'course_notebooks', 'distinctive_solution_lines', 'find_leaks', 'student_readme', 'release',
+           'failure_message', 'harness_snapshot', 'harness_tampered', 'harness_guard', 'harness_describe',
+           'harness_trusted', 'harness_park', 'harness_overlay', 'harness_main', 'child_program', 'printable',
+           'read_channel', 'CellRun', 'module_notebook', 'course_package', 'grading_limits', 'run_cells', 'GradedCell',
+           'graded_cells', 'ExerciseResult', 'NotebookResult', 'GradeReport', 'needs_torch', 'torch_installed',
+           'waiting_on', 'score_notebook', 'lock_graded_cells', 'notebooks_folder', 'grade', 'Mutation',
+           'load_mutations', 'solution_cells', 'apply_mutation', 'MutantResult', 'run_mutants', 'stub_exercise',
+           'run_stub_checks', 'exercises_without_mutation', 'sample_mutations']
 
 # %% ../nbs/16_course.ipynb #81de45b8
 # The markers, spelled in two halves so that this cell does not itself look like an exercise to a text search
@@ -107,13 +109,43 @@ def _nbformat():
     return nbformat
 
 
-def read_notebook(path) -> dict:
-    "The notebook at `path` as a dict (nbformat 4, validated); a `CourseError` naming the file if it is not one."
+MAX_NOTEBOOK_BYTES = 16 * 2**20     # a course notebook is well under 1 MiB; a larger file is refused before it is parsed
+MAX_NOTEBOOK_CELLS = 5000
+
+
+def _notebook_bytes(path: Path, follow_links: bool = True) -> bytes:
+    """The bytes of the regular file at `path`, at most `MAX_NOTEBOOK_BYTES`: a FIFO or a device is refused without
+    waiting on it, and so is a symbolic link unless `follow_links`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
+    except OSError as exc:
+        why = "it is a symbolic link (a hand-in's notebook must be a file of its own)" if exc.errno == errno.ELOOP else exc.strerror
+        raise CourseError(f"cannot read notebook {path}: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CourseError(f"cannot read notebook {path}: not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_NOTEBOOK_BYTES and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_NOTEBOOK_BYTES:
+        raise CourseError(f"{path} is larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB: not a notebook of this course")
+    return b"".join(chunks)
+
+
+def read_notebook(path, follow_links: bool = True) -> dict:
+    """The notebook at `path` as a dict (nbformat 4, validated); a `CourseError` naming the file if it is not one.
+    `follow_links=False` (a hand-in) also refuses a symbolic link: it could point at the instructor's answers."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CourseError(f"cannot read notebook {path}: {exc.strerror}") from None
+        text = _notebook_bytes(path, follow_links).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CourseError(f"{path} is not a valid notebook: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    cells = text.count('"cell_type"')       # an upper bound on the cells, found before the slow parse and validation
+    if cells > MAX_NOTEBOOK_CELLS:
+        raise CourseError(f"{path} has about {cells} cells, more than {MAX_NOTEBOOK_CELLS}: not a notebook of this course")
     nbformat = _nbformat()
     try:
         with warnings.catch_warnings():     # a cell without an id (nbformat 4.5) is only warned about: not our reader's business
@@ -636,8 +668,9 @@ def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
     while chunk := read(0, 1 << 20):
         chunks.append(chunk)
     data = b"".join(chunks)
-    key, plan = data[:32], json.loads(data[32:].decode("utf-8"))
-    outbox.put(plan)
+    key, text = data[:32], data[32:].decode("utf-8")
+    plan = json.loads(text)          # this thread's own plan; the main thread gets another copy, which a cell can reach
+    outbox.put(json.loads(text))
     owners, functions, overlay, builtins_module, main_code, park_code = inbox.get()
     for seq, cell in enumerate(plan["cells"]):
         while True:
@@ -651,10 +684,10 @@ def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
         status, message = here.get("status"), here.get("message")
         if type(status) is not str or type(message) is not str or status not in ("ok", "fail"):
             status, message = "tamper", "the harness's record of the cell was not its own"
-        elif cell["graded"]:
+        else:                        # after every cell: a change undone before the next graded cell is caught too
             try:
                 reason = tampered(owners, functions, overlay, builtins_module, here.get("ns"),
-                                  [n for n in cell["names"] if n in overlay])
+                                  [n for n in cell["names"] if n in overlay] if cell["graded"] else [])
             except BaseException as exc:
                 reason = f"checking the trusted helpers failed ({type(exc).__name__})"
             if reason:
@@ -690,50 +723,55 @@ def harness_main() -> None:
     import _queue, builtins
     run, build, exact_str, base_exception, modules = exec, compile, str.__str__, BaseException, sys.modules
     park, trusted, tampered, snapshot, guard = harness_park, harness_trusted, harness_tampered, harness_snapshot, harness_guard
-    for name in ("harness_park", "harness_trusted", "harness_tampered", "harness_snapshot", "harness_guard", "harness_main"):
+    describe = harness_describe
+    for name in ("harness_park", "harness_trusted", "harness_tampered", "harness_snapshot", "harness_guard", "harness_main",
+                 "harness_describe"):
         vars(modules["__main__"]).pop(name, None)
     inbox, outbox, go = _queue.SimpleQueue(), _queue.SimpleQueue(), _thread.allocate_lock()
     go.acquire()
     t_ident = _thread.start_new_thread(trusted, (inbox, outbox, go, _thread.get_ident(), tampered))
-    plan = outbox.get()
+    plan = outbox.get()      # a cell can reach this frame: keep nothing here that a change to could matter
+    cells = tuple((c["index"], c["source"], c["graded"] is True, tuple(c["names"])) for c in plan["cells"])
+    trusted_imports, roots = tuple(plan["trusted"]), tuple(plan["roots"])
+    del plan
     try:
         import matplotlib
         matplotlib.use("Agg")
     except ImportError:
         pass
     imported = {}
-    for name in plan["trusted"]:
+    for name in trusted_imports:
         try:
             imported[name] = __import__(name, fromlist=["_"])
         except ImportError:
             pass
-    overlay, (owners, functions) = harness_overlay(imported), snapshot(plan["roots"])
+    overlay, (owners, functions) = harness_overlay(imported), snapshot(roots)
     main_code = sys._getframe().f_code
-    inbox.put((owners, functions, overlay, builtins, main_code, park.__code__))
+    inbox.put((owners, functions, dict(overlay), builtins, main_code, park.__code__))   # the trusted thread's own overlay
     sys.addaudithook(guard(t_ident, frozenset(id(f[0]) for f in functions),
                            frozenset(id(c) for c in (main_code, park.__code__, trusted.__code__))))
     ns = {"__name__": "__main__", "__builtins__": builtins}
-    for seq, cell in enumerate(plan["cells"]):
+    for seq, (index, source, graded, names) in enumerate(cells):
         status, message = "fail", ""
         try:
-            code = build(cell["source"], f"<cell {cell['index']}>", "exec")
-            if cell["graded"]:
+            code = build(source, f"<cell {index}>", "exec")
+            if graded:
                 ns["__builtins__"] = builtins
-                ns.update({name: overlay[name] for name in cell["names"] if name in overlay})
+                ns.update({name: overlay[name] for name in names if name in overlay})
             run(code, ns)
             status = "ok"
         except base_exception as exc:
             try:
-                message = exact_str(harness_describe(exc, cell["source"], cell["index"]))
+                message = exact_str(describe(exc, source, index))
             except base_exception:
                 message = "an error that could not be described"
+        park(go, seq, status, message, ns)      # checked here, before any other code runs (pyplot may be the notebook's)
         try:
             pyplot = modules.get("matplotlib.pyplot")
             if pyplot is not None:
                 pyplot.close("all")
         except base_exception:
             pass
-        park(go, seq, status, message, ns)
 
 # %% ../nbs/16_course.ipynb #d7f007d4
 HARNESS = (failure_message, harness_describe, harness_snapshot, harness_tampered, harness_guard, harness_trusted,
@@ -751,6 +789,11 @@ def _record_mac(key: bytes, body: str) -> str:
     return hmac.new(key, body.encode(), "sha256").hexdigest()
 
 
+def printable(text: str) -> str:
+    "`text` with every control character (terminal escapes, carriage returns, new lines) shown as an escape: a report line stays one line."
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def read_channel(data: bytes, key: bytes, cells: list) -> tuple[dict, str]:
     """Cell index -> `(ok, message)` from the records in `data` of the run of `cells`, and the reason the run was
     found tampered with ('' if it was not)."""
@@ -762,7 +805,7 @@ def read_channel(data: bytes, key: bytes, cells: list) -> tuple[dict, str]:
         if seq >= len(cells) or parts[:2] != [str(seq), str(cells[seq]["index"])] or parts[2] not in ("ok", "fail", "tamper"):
             return results, "the results channel's records were out of order"
         try:
-            message = bytes.fromhex(parts[3]).decode("utf-8", "replace")
+            message = printable(bytes.fromhex(parts[3]).decode("utf-8", "replace"))
         except ValueError:
             return results, "the results channel carried a malformed record"
         if parts[2] == "tamper":
@@ -868,10 +911,17 @@ def _font_cache(home: str) -> list[tuple[str, str]]:
     return [(str(p), f"{home}/.config/matplotlib/{p.name}") for p in sorted(cache.glob("fontlist-*.json"))]
 
 
+MAX_CHANNEL_BYTES = 4 * 2**20     # a record is under 1 KiB a cell: more than this is not the harness writing
+
+
 def _drain(fd: int, into: list) -> None:
+    "Read the results channel to its end, keeping at most `MAX_CHANNEL_BYTES` (a flood is read and dropped, and shows as a torn record)."
+    kept = 0
     try:
         while chunk := os.read(fd, 1 << 16):
-            into.append(chunk)
+            if kept < MAX_CHANNEL_BYTES:
+                into.append(chunk[:MAX_CHANNEL_BYTES - kept])
+                kept += len(into[-1])
     finally:
         os.close(fd)
 
@@ -1095,22 +1145,31 @@ def score_notebook(name: str, nb: dict, run: CellRun, skip_flags=("slow",), miss
 
 # %% ../nbs/16_course.ipynb #60486d51
 def lock_graded_cells(nb: dict, reference: dict, name: str = "notebook") -> tuple[dict, list]:
-    """A copy of a student's notebook `nb` whose graded cells are the instructor's, from `reference`: the student's
-    cell with each graded grade_id gets the reference's source and metadata back (an edited test counts for nothing),
-    a cell the student marked graded on their own loses its grade, and the reference's graded cells the notebook no
-    longer has are returned beside it (they fail)."""
-    wanted = {c.grade_id: reference["cells"][c.index] for c in graded_cells(reference, f"reference {name}")}
-    nb, placed = json.loads(json.dumps(nb)), set()
+    """The notebook to grade: the instructor's `reference`, cell for cell, with the student's answers from `nb` in its
+    exercise cells (matched by grade_id; the first of a repeated id). Every other cell is the reference's: the tests
+    and all the cells they rely on (imports, fixtures), so an edited cell is restored and a cell the student added
+    counts for nothing, nor does a cell the student marked graded. An exercise cell the notebook no longer has is
+    the reference's stub (it raises); a graded cell it no longer has is left out and returned beside it (it fails)."""
+    stem, answers = Path(name).stem, {}
     for cell in nb["cells"]:
-        grade_id = nbgrader_meta(cell).get("grade_id")
-        if grade_id in wanted and grade_id not in placed:
-            original = wanted[grade_id]
-            cell.update(cell_type="code", source=cell_source(original), metadata=json.loads(json.dumps(original["metadata"])))
-            cell.setdefault("outputs", []), cell.setdefault("execution_count", None)
-            placed.add(grade_id)
-        elif nbgrader_meta(cell).get("grade"):
-            cell["metadata"]["nbgrader"] = dict(nbgrader_meta(cell), grade=False)
-    return nb, [c for c in graded_cells(reference, f"reference {name}") if c.grade_id not in placed]
+        if is_exercise_cell(cell):
+            answers.setdefault(nbgrader_meta(cell)["grade_id"], cell_source(cell))
+    kept = {nbgrader_meta(cell).get("grade_id") for cell in nb["cells"]}
+    cells, missing = [], []
+    for index, original in enumerate(reference["cells"]):
+        cell = json.loads(json.dumps(original))
+        grade_id = nbgrader_meta(original).get("grade_id")
+        if is_exercise_cell(original):
+            stub = lambda: stub_source(cell_source(original), grade_id, stem, cell_label(stem, index, original))
+            cell["source"] = answers[grade_id] if grade_id in answers else stub()
+        elif nbgrader_meta(original).get("grade") and grade_id not in kept:
+            missing.append(grade_id)
+            continue
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+        cells.append(cell)
+    locked = dict(json.loads(json.dumps({k: v for k, v in reference.items() if k != "cells"})), cells=cells)
+    return locked, [c for c in graded_cells(reference, f"reference {name}") if c.grade_id in missing]
 
 # %% ../nbs/16_course.ipynb #725f421a
 def notebooks_folder(path) -> Path:
@@ -1159,19 +1218,23 @@ def _parallel(jobs, workers: int) -> list:
 
 # %% ../nbs/16_course.ipynb #6049336c
 def _grading_entries(folder: Path, ref_folder, only) -> list:
-    """(name, notebook or None when missing, missing graded cells) for each notebook to grade: those of `folder`, or
-    with a reference only the reference's (a notebook the reference does not have counts for nothing)."""
+    """(name, notebook or None, missing graded cells, status) for each notebook to grade: those of `folder`, or with a
+    reference only the reference's (a notebook the reference does not have counts for nothing). The status is 'ok',
+    'missing', or 'not graded: why' for a notebook that cannot be read (a symbolic link, not a file, not a notebook)."""
     names = {p.name for p in course_notebooks(folder)}
     ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
     entries = []
     for p in _select([Path(n) for n in sorted(ref_names if ref_folder else names)], only, ref_folder or folder):
-        nb = read_notebook(folder / p.name) if p.name in names else None
         ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
         missing = graded_cells(ref, f"reference {p.name}") if ref is not None else []
+        try:                # a hand-in's notebook that cannot be read scores 0; the others are graded all the same
+            nb, status = (read_notebook(folder / p.name, follow_links=ref is None), "ok") if p.name in names else (None, "missing")
+        except CourseError as exc:
+            nb, status, missing = None, f"not graded: {exc}", missing if ref is not None else []
         if nb is not None and ref is not None:
             nb, missing = lock_graded_cells(nb, ref, p.name)
-        if (nb is not None and graded_cells(nb, p.name)) or missing:
-            entries.append((p.name, nb, missing))
+        if (nb is not None and graded_cells(nb, p.name)) or missing or status != "ok":
+            entries.append((p.name, nb, missing, status))
     return entries
 
 # %% ../nbs/16_course.ipynb #4d45e3f6
@@ -1179,15 +1242,15 @@ def _only_exercises(entries: list, exercises) -> tuple[list, dict]:
     "The grading entries that hold one of `exercises` (all when None), and per notebook the last cell to run."
     if not exercises:
         return entries, {}
-    known = {c.exercise for name, nb, missing in entries for c in [*(graded_cells(nb, name) if nb else []), *missing]}
+    known = {c.exercise for name, nb, missing, _ in entries for c in [*(graded_cells(nb, name) if nb else []), *missing]}
     unknown = sorted(set(exercises) - known)
     if unknown:
         raise CourseError(f"no exercise {unknown[0]!r} in the notebooks graded (have: {', '.join(sorted(known))})")
     kept, upto = [], {}
-    for name, nb, missing in entries:
+    for name, nb, missing, status in entries:
         cells = [c.index for c in (graded_cells(nb, name) if nb else []) if c.exercise in exercises]
         if cells or any(c.exercise in exercises for c in missing):
-            kept.append((name, nb, [c for c in missing if c.exercise in exercises]))
+            kept.append((name, nb, [c for c in missing if c.exercise in exercises], status))
             upto[name] = max(cells) if cells else None
     return kept, upto
 
@@ -1209,12 +1272,12 @@ def grade(path, timeout: float = DEFAULT_TIMEOUT, only=None, workers: int = DEFA
         skip_flags = tuple(_settings(folder.parent).get("tst_flags", "").split()) if (folder.parent / "settings.ini").is_file() else ("slow",)
     entries, upto = _only_exercises(_grading_entries(folder, ref_folder, only), exercises)
     hide = [folder.parent, *([ref_folder.parent] if ref_folder else [])]      # other hand-ins, the reference
-    runs = _parallel([lambda children, nb=nb, name=name: run_cells(nb, name, timeout, skip_flags=skip_flags, children=children,
-                                                                   hide=hide, upto=upto.get(name), package=package)
-                      if nb is not None and graded_cells(nb, name) else CellRun({}, "missing" if nb is None else "ok", 0.0)
-                      for name, nb, missing in entries], workers)
+    runs = _parallel([lambda children, nb=nb, name=name, status=status: run_cells(
+                          nb, name, timeout, skip_flags=skip_flags, children=children, hide=hide, upto=upto.get(name),
+                          package=package) if nb is not None and graded_cells(nb, name) else CellRun({}, status, 0.0)
+                      for name, nb, missing, status in entries], workers)
     scored, results = [], []
-    for (name, nb, missing), run in zip(entries, runs):
+    for (name, nb, missing, _), run in zip(entries, runs):
         e, n = score_notebook(name, nb if nb is not None else {"cells": []}, run, skip_flags, missing)
         scored += [x for x in e if not exercises or x.exercise in exercises]
         results.append(n)
