@@ -177,6 +177,9 @@ def run():
     kill_the_rest()
     if status is None:
         sys.stderr.write(f"sandbox: time limit of {plan['timeout']:g} s reached\n")
+    elif status in (124, 125):     # this launcher's own codes: a program exiting with one cannot pass for a timeout or a failed room
+        sys.stderr.write(f"sandbox: the program exited with status {status}\n")
+        status = 1
     os._exit(124 if status is None else status if status >= 0 else 128 - status)
 
 run()

@@ -80,19 +80,28 @@ def _places(course) -> dict:
             "tmp": {n for n in _top_listing(Path(tempfile.gettempdir())) if n.startswith(("pwned", "canary"))}}
 
 
-def _grade_with(course, *cells, extra_notebooks=None, timeout=60):
-    "Grade alice's hand-in with `cells` (sources) put before the graded cells; the report."
-    nb = json.loads(json.dumps(course["stubbed"]))
-    first_graded = min(i for i, c in enumerate(nb["cells"]) if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
-    for k, source in enumerate(cells):
-        nb["cells"].insert(first_graded + k, {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                                              "source": source, "id": f"attack{k}"})
+def _exercise_index(nb) -> int:
+    "The index of the notebook's one exercise cell: the only cell of a hand-in whose code is graded as the student's."
+    found = [i for i, c in enumerate(nb["cells"]) if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _write_handin(course, nb, extra_notebooks=None) -> Path:
     folder = course["base"] / "alice" / "nbs"
-    for p in folder.glob("*.ipynb"):
+    for p in folder.iterdir():
         p.unlink()
     (folder / f"{STEM}.ipynb").write_text(json.dumps(nb))
     for name, extra in (extra_notebooks or {}).items():
         (folder / name).write_text(json.dumps(extra))
+    return folder
+
+
+def _grade_with(course, *cells, extra_notebooks=None, timeout=60):
+    "Grade alice's hand-in whose exercise cell holds `cells` (sources, one after the other); the report."
+    nb = json.loads(json.dumps(course["stubbed"]))
+    nb["cells"][_exercise_index(nb)]["source"] = "\n".join(cells)
+    folder = _write_handin(course, nb, extra_notebooks)
     return grade(folder, timeout=timeout, reference=NBS, only=[STEM], workers=1)
 
 
@@ -214,6 +223,48 @@ if os.fork() == 0:
     os._exit(0)
 """,
     "an output flood": "import sys\nfor _ in range(2000): sys.stdout.write('x' * (1 << 20))",
+    "a flood on every descriptor (the results channel among them)": """
+import os
+for fd in range(3, 64):
+    for _ in range(40):
+        try: os.write(fd, b'x' * (4 << 20))
+        except OSError: break
+""",
+    "the harness's plan rewritten through its frame": """
+import sys
+frame = sys._getframe(0)
+while frame is not None:
+    for value in list(frame.f_locals.values()):
+        cells = value.get('cells') if isinstance(value, dict) else None
+        for cell in cells if isinstance(cells, list) else ():
+            if isinstance(cell, dict): cell['source'] = 'pass'
+    frame = frame.f_back
+""",
+    "the harness's overlay rewritten through its frame": WRONG_ANSWER + """
+import sys
+frame = sys._getframe(0)
+while frame is not None:
+    for value in list(frame.f_locals.values()):
+        if isinstance(value, dict) and 'test_close' in value:
+            for name in ('test_close', 'test_eq', 'test_fail'): value[name] = lambda *a, **k: None
+    frame = frame.f_back
+""",
+    "a fake pyplot that undoes a patch before the check": """
+import sys, types, numpy as np
+import minitrain_inspect.core as core
+original = core._close
+fake = types.ModuleType('matplotlib.pyplot')
+fake.close = lambda *a, **k: setattr(core, '_close', original)    # the harness closes figures after each cell
+sys.modules['matplotlib.pyplot'] = fake
+class SoftmaxCrossEntropy:
+    def __call__(self, logits, targets):
+        core._close = lambda *a, **k: True
+        class Out: per_example_loss = np.zeros(len(targets), np.float32); loss = 0.0
+        return Out()
+    def backward(self, grad_output=1.0):
+        core._close = lambda *a, **k: True
+        return np.zeros(3)
+""",
 }
 
 
@@ -275,3 +326,64 @@ for host, port in [('1.1.1.1', 53), ('8.8.8.8', 443), ('pypi.org', 443)]:
             assert run_in_room([sys.executable, "-I", "-c", code], work, {}, 30, stdout=out) == 0
         text = log.read_text()
     assert "CONNECTED" not in text and text.count("refused") == 3, text
+
+
+@needs_room
+def test_the_tests_and_their_fixtures_are_the_references(course):
+    """Every cell but the exercise is the instructor's: a wrong answer with the fixtures rewritten to agree with it, and
+    cells added to redefine them, earns nothing; a right answer with every other cell gutted earns full marks."""
+    reference = read_notebook(NBS / f"{STEM}.ipynb")
+    wrong = json.loads(json.dumps(course["stubbed"]))
+    wrong["cells"][_exercise_index(wrong)]["source"] = WRONG_ANSWER
+    fixtures = [i for i, c in enumerate(wrong["cells"]) if "two_losses =" in "".join(c["source"])]
+    assert fixtures, "the notebook's fixture cell moved: update this test"
+    rigged = "two_losses = np.zeros(2)\nreference_per_example = lambda logits, targets: np.zeros(len(targets))\n"
+    wrong["cells"][fixtures[0]]["source"] += "\n" + rigged
+    wrong["cells"].insert(fixtures[0] + 1, {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                                             "source": rigged, "id": "added"})
+    report = grade(_write_handin(course, wrong), timeout=60, reference=NBS, only=[STEM], workers=1)
+    assert (report.points, report.max_points) == (0, 7), report.to_text()
+    right = json.loads(json.dumps(course["stubbed"]))
+    k = _exercise_index(right)
+    right["cells"][k]["source"] = reference["cells"][k]["source"]
+    for i, cell in enumerate(right["cells"]):
+        if cell["cell_type"] == "code" and i != k:
+            cell["source"] = "assert False, 'a gutted cell'"
+    report = grade(_write_handin(course, right), timeout=60, reference=NBS, only=[STEM], workers=1)
+    assert (report.points, report.max_points) == (7, 7), report.to_text()
+
+
+@needs_room
+@pytest.mark.parametrize("kind", ["link to the instructor's notebook", "link to /dev/zero", "FIFO"])
+def test_a_handin_that_is_not_a_file_of_its_own_scores_zero_at_once(course, kind):
+    folder = course["base"] / "alice" / "nbs"
+    for p in folder.iterdir():
+        p.unlink()
+    target = folder / f"{STEM}.ipynb"
+    if kind == "FIFO":
+        os.mkfifo(target)
+    else:
+        target.symlink_to(NBS / f"{STEM}.ipynb" if "instructor" in kind else "/dev/zero")
+    start = time.monotonic()
+    report = grade(folder, timeout=30, reference=NBS, only=[STEM], workers=1)
+    assert (report.points, report.max_points) == (0, 7) and time.monotonic() - start < 20, report.to_text()
+    assert report.notebooks[0].status.startswith("not graded: cannot read notebook"), report.notebooks[0].status
+
+
+@needs_room
+def test_a_message_cannot_move_the_terminals_cursor(course):
+    "Control characters in a failure's message (here an exception's type name) are shown as escapes, never sent."
+    attack = "raise type('Fake\\x1b[2A\\rpassed 7/7\\x1b[8m', (Exception,), {})('\\x1b[2K\\r\\nforged')"
+    report = _grade_with(course, WRONG_ANSWER, attack)
+    text = report.to_text()
+    assert "\x1b" not in text and "\r" not in text and (report.points, report.max_points) == (0, 7), repr(text)
+
+
+@pytest.mark.parametrize("code", [124, 125])
+def test_a_program_cannot_pass_for_the_rooms_own_exit_status(tmp_path, code):
+    "124 (time limit) and 125 (no room) are the launcher's own: a program that exits with one reports 1 instead."
+    work, log = tmp_path / "w", tmp_path / "log"
+    work.mkdir()
+    with open(log, "wb") as out:
+        assert run_in_room([sys.executable, "-I", "-c", f"import os; os._exit({code})"], work, {}, 30, stdout=out) == 1
+    assert f"the program exited with status {code}" in log.read_text()
