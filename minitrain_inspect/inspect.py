@@ -157,15 +157,22 @@ class Records(Measures):
         self.pending_notes.append(text)
 
     def flush(self, history: History) -> None:
-        "Write the points and notes kept since the last flush into `history`."
+        """Write the points and notes kept since the last flush into `history`. A point the history refuses is dropped
+        (the others are written), and the first refusal is raised once they are: one bad point does not jam the panel."""
+        refused = None
         if self.pending:
-            for key, step, value in self.pending:
-                history.record(key, step, value)
-            self.pending = []
+            pending, self.pending = self.pending, []
+            for key, step, value in pending:
+                try:
+                    history.record(key, step, value)
+                except (TypeError, ValueError) as exc:
+                    refused = refused or exc
         if self.pending_notes:   # most flushes keep no note: the history's notes are then left alone
             notes = history.meta.setdefault("notes", [])
             notes.extend(n for n in dict.fromkeys(self.pending_notes) if n not in notes)
             self.pending_notes = []
+        if refused is not None:
+            raise refused
 
 # %% ../nbs/10_inspect.ipynb #fb8e9d8e
 class Panel(Records):
@@ -600,23 +607,32 @@ class InspectorStepEnd(InspectorSteps):
     "The end of a step: the panels measure what they measure then, record what they kept, and the guard reviews."
 
     def _flush(self) -> None:
-        "Every panel records what it kept aside into the history."
+        "Every panel records what it kept aside into the history; a panel that raises does not stop the others."
+        failed = None
         for panel in self.panels:
             if panel.active or panel.pending or panel.pending_notes:
                 start = self.clock()
-                panel.flush(self.history)
+                try:
+                    panel.flush(self.history)
+                except Exception as exc:
+                    failed = failed or exc
                 panel.cost += self.clock() - start
+        if failed is not None:
+            raise failed
 
     def _end_step(self) -> None:
-        "The step is complete: measure what is measured at its end, flush, review the budget, open the next step."
-        if self._enabled:
-            due = self._due["on_step_end"]
-            if due:                     # most steps: nothing measured at the end
-                self._measure(due, "on_step_end", self.params)
-            self._flush()
-            if self.guard is not None:
-                self.guard.end_step(self.step, self._by_name)
-        self._open(self.step + 1)
+        """The step is complete: measure what is measured at its end, flush, review the budget, open the next step. The
+        next step opens even if a panel raised here: the error reaches the caller, and the Inspector goes on counting."""
+        try:
+            if self._enabled:
+                due = self._due["on_step_end"]
+                if due:                     # most steps: nothing measured at the end
+                    self._measure(due, "on_step_end", self.params)
+                self._flush()
+                if self.guard is not None:
+                    self.guard.end_step(self.step, self._by_name)
+        finally:
+            self._open(self.step + 1)
 
 # %% ../nbs/10_inspect.ipynb #4583e505
 class InspectorReading:
@@ -669,19 +685,23 @@ class InspectorRemoval:
     "Taking the hooks off: at the end of a `with` block, or by `remove_all()`."
 
     def remove_all(self) -> None:
-        "Record what the panels kept aside, and remove every hook this Inspector registered (statistics stay)."
-        self._flush()
-        self._release_hooks()
+        "Record what the panels kept aside, and remove every hook this Inspector registered (statistics stay), even if recording raises."
+        try:
+            self._flush()
+        finally:
+            self._release_hooks()
 
     def _release_hooks(self) -> None:
-        "Detach the panels and remove every hook handle: what any framework's `remove_all` ends with."
-        for panel in self.panels:
-            panel.detach()
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        self._live.clear()
-        self._step_ender, self._optimizer_hooked = None, False
+        "Detach the panels and remove every hook handle: what any framework's `remove_all` ends with (the handles also if a panel raises)."
+        try:
+            for panel in self.panels:
+                panel.detach()
+        finally:
+            for handle in self.handles:
+                handle.remove()
+            self.handles.clear()
+            self._live.clear()
+            self._step_ender, self._optimizer_hooked = None, False
 
     def __enter__(self):
         return self

@@ -610,9 +610,12 @@ class FastUpdatePanel(UpdatePanel):
 
     @staticmethod
     def vouched(optimizer) -> bool:
-        "The conditions: a built-in SGD or Adam, `step` not replaced, and no other step post hook or update hook."
+        """The conditions: a built-in SGD or Adam, `step` not replaced, each parameter listed once, and no step hook or
+        update hook but the Inspector's and the measure's own (another pre hook could change the weights outside the
+        update loop)."""
         return (type(optimizer) in (SGD, Adam) and "step" not in vars(optimizer)
-                and len(optimizer._step_post_hooks) == 1 and len(optimizer._update_hooks) == 1)
+                and len(optimizer._step_pre_hooks) == 2 and len(optimizer._step_post_hooks) == 1
+                and len(optimizer._update_hooks) == 1 and len({id(p) for p in optimizer.params}) == len(optimizer.params))
 
     def on_step_begin(self, params, optimizer) -> None:
         "Put a measure on the optimiser for this step where the conditions hold; else copy, the plain way."

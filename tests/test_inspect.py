@@ -845,3 +845,45 @@ def test_a_strict_snapshot_tells_nan_from_inf_and_reads_back(small_net, batch):
     assert strict["fc1"]["mean"] == {"$float": "NaN"}
     back = from_strict_json(json.loads(text))
     assert math.isnan(back["fc1"]["mean"]) and back["fc1"]["nonfinite"] == 40
+
+
+def test_a_point_the_history_refuses_does_not_jam_the_inspector():
+    "One refused point raises once, at its step; later steps record, and remove_all still takes every hook off."
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.layers import Linear
+    from minitrain_inspect.losses import MeanSquaredError
+    from minitrain_inspect.optim import SGD
+    from minitrain_inspect.inspect import Inspector, Panel
+
+    class Flaky(Panel):
+        name, title = "flaky", "Flaky"
+
+        def on_step_end(self, params):
+            self.record("flaky/x/value", [1.0, 2.0] if self.step == 1 else 1.0)   # a row where a number was
+
+    class Failing(Panel):
+        name = "failing"
+
+        def detach(self):
+            raise OSError("the panel's folder is gone")
+
+    model, loss = Sequential(fc=Linear(3, 2, rng=0)), MeanSquaredError()
+    opt = SGD(model.parameters(), lr=0.1)
+    inspector = Inspector(model, optimizer=opt, loss_fn=loss, panels=[Flaky(), Failing()]).attach()
+    outcomes = []
+    for _ in range(4):
+        model.zero_grad()
+        loss(model(np.ones((4, 3), np.float32)), np.zeros((4, 2), np.float32))
+        model.backprop(loss.backward())
+        try:
+            opt.step()
+            outcomes.append("ok")
+        except ValueError as exc:
+            assert "flaky/x/value" in str(exc)
+            outcomes.append("refused")
+    assert outcomes == ["ok", "refused", "ok", "ok"] and inspector.step == 4
+    assert inspector.history.get("loss/train")[0].tolist() == [0, 1, 2, 3]
+    assert inspector.history.get("flaky/x/value")[0].tolist() == [0, 2, 3]
+    with pytest.raises(OSError, match="folder is gone"):
+        inspector.remove_all()
+    assert not inspector.handles and not model["fc"]._forward_hooks and not opt._step_pre_hooks and not opt._step_post_hooks

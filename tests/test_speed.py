@@ -560,3 +560,51 @@ def test_without_compiled_ops_the_fast_update_panel_copies(monkeypatch):
     assert calls == [] and fast_w == plain_w                          # the plain copies, never the NumPy twin
     for key in plain.history.keys("updates/"):
         np.testing.assert_array_equal(fast.history.get(key)[1], plain.history.get(key)[1])
+
+
+@pytest.mark.parametrize("case", ["a parameter listed twice", "a step pre hook that changes the weights"])
+def test_the_fast_update_panel_records_what_the_plain_one_does(case):
+    "Where the update loop does not see the whole change (a repeated parameter, a pre hook), fast falls back to copies."
+    from minitrain_inspect.core import Sequential
+    from minitrain_inspect.inspect import EVERY_STEP, Inspector
+    from minitrain_inspect.layers import Linear
+    from minitrain_inspect.losses import MeanSquaredError
+
+    def decay(opt, args, kwargs):
+        for p in opt.params:
+            p.data *= np.float32(0.5)
+
+    recorded = {}
+    for maker in (Inspector, speed.fast_inspector):
+        model, loss = Sequential(fc=Linear(3, 2, rng=0)), MeanSquaredError()
+        params = model.parameters()
+        opt = SGD(params + [params[0]] if "twice" in case else params, lr=0.1)
+        inspector = maker(model, optimizer=opt, loss_fn=loss, schedules=EVERY_STEP).attach()
+        if "pre hook" in case:
+            opt.register_step_pre_hook(decay)
+        model.zero_grad()
+        loss(model(np.ones((4, 3), np.float32)), np.zeros((4, 2), np.float32))
+        model.backprop(loss.backward())
+        before = model["fc"].weight.data.astype(np.float64)
+        opt.step()
+        truth = np.linalg.norm(model["fc"].weight.data - before) / np.linalg.norm(before)
+        recorded[maker.__name__] = inspector.history.get("updates/fc.weight/ratio")[1][0]
+        assert abs(recorded[maker.__name__] - truth) <= 1e-12 * truth, (maker.__name__, recorded, truth)
+
+
+def test_the_fast_update_panel_measures_in_the_update_loop_in_a_plain_run():
+    "The conditions hold in `train()`'s own loop: no copy is taken (a fallback there would only cost time)."
+    from minitrain_inspect import overhead
+    from minitrain_inspect.train import TrainConfig, blas_threads, run_data
+    config = TrainConfig(steps=6, hidden=(32, 32), progress=False)
+    taken = []
+    original = speed.FastUpdatePanel.vouched
+    with blas_threads(1):
+        run = overhead.TrainingRun(config, run_data(config), "every_step")
+        speed.FastUpdatePanel.vouched = staticmethod(lambda o: taken.append(original(o)) or taken[-1])
+        try:
+            for _ in range(3):
+                run.step()
+        finally:
+            speed.FastUpdatePanel.vouched = staticmethod(original)
+    assert taken == [True] * 3 or not speed.optional_numba(), taken
