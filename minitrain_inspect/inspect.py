@@ -24,15 +24,15 @@ from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, 
 _all_ = ["HookHandle", "welford_update"]
 
 # %% auto #0
-__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 'ADAPTERS', 'check_name', 'NumpyNorms',
-           'NumpyOps', 'Measures', 'Records', 'Panel', 'TensorPanel', 'ActivationPanel', 'GradientPanel', 'UnitPanel',
-           'LossPanel', 'unlabelled_note', 'PerClassPanel', 'UpdatePanel', 'SpectralPanel', 'WeightNormPanel',
-           'GuardRecords', 'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview', 'GuardThinning', 'BudgetGuard',
-           'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords', 'InspectorRemoval',
-           'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks', 'InspectorHooks',
-           'InspectorAttach', 'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels', 'InspectorRun', 'Inspector',
-           'register_adapter', 'find_adapter', 'forward_hook', 'param_hook', 'grad_output_hook', 'loss_hook',
-           'optimizer_hooks', 'HookHandle', 'welford_update']
+__all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 'OPS_METHODS', 'ADAPTERS', 'check_name',
+           'NumpyNorms', 'NumpyOps', 'Measures', 'Records', 'Panel', 'TensorPanel', 'ActivationPanel', 'GradientPanel',
+           'UnitPanel', 'LossPanel', 'unlabelled_note', 'PerClassPanel', 'UpdatePanel', 'SpectralPanel',
+           'WeightNormPanel', 'GuardRecords', 'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview',
+           'GuardThinning', 'BudgetGuard', 'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords',
+           'InspectorRemoval', 'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks',
+           'InspectorHooks', 'InspectorAttach', 'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels',
+           'InspectorRun', 'Inspector', 'register_adapter', 'find_adapter', 'forward_hook', 'param_hook',
+           'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle', 'welford_update']
 
 # %% ../nbs/10_inspect.ipynb #49f29731
 PANELS = ("loss", "activations", "gradients", "updates", "spectral", "units", "per_class")   # the built-in seven
@@ -1032,6 +1032,16 @@ def _check_kinds(model, optimizer, loss_fn, clock, flags: dict, schedules) -> No
     if schedules is not None and not isinstance(schedules, dict):
         raise TypeError(f"schedules must be a dict {{panel: schedule}}, got {schedules!r}")
 
+
+OPS_METHODS = ("moments", "units", "spectral", "norm", "copy", "change_norm")   # the array interface the panels measure through
+
+
+def _check_ops(ops) -> None:
+    "Refuse an `ops` that lacks a method of the array interface (`NumpyOps` is the reference), naming what it lacks."
+    lacking = [m for m in OPS_METHODS if not callable(getattr(ops, m, None))]
+    if lacking:
+        raise TypeError(f"ops must give the panels' array interface (as NumpyOps does); {type(ops).__name__} lacks {lacking}")
+
 # %% ../nbs/10_inspect.ipynb #ce1f094e
 def _builtin_panels(stats: dict, bins: int, per_class_by: str) -> list[Panel]:
     "The seven built-in panels, in the dashboard's order, on their default schedules."
@@ -1091,6 +1101,7 @@ class Inspector(InspectorRun, InspectorUndo, InspectorHooks, InspectorReset, Ins
         self.history = History(check_int(max_points, "max_points", 2))
         self.stats, self.kinds, self.handles, self._live = {}, {}, [], {}
         self._enabled, self.ops = bool(enabled), ops if ops is not None else NumpyOps()
+        _check_ops(self.ops)
         builtin = _builtin_panels(self.stats, check_int(histogram_bins, "histogram_bins", 1, 10_000), per_class_by)
         self.panels = _all_panels(builtin, panels, schedules, self.ops, clock)
         self._by_name = {p.name: p for p in self.panels}

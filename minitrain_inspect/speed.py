@@ -654,5 +654,7 @@ def fast_inspector(*args, panels=(), **kwargs) -> Inspector:
     "An `Inspector` (same arguments) measuring through `CompiledOps`, with `FastUpdatePanel` for the update panel."
     if "ops" in kwargs:
         raise TypeError("fast_inspector chooses the array interface itself (CompiledOps); use Inspector(ops=...) for another")
-    updates = FastUpdatePanel(DEFAULT_SCHEDULES["updates"])
-    return Inspector(*args, panels=[updates, *panels], ops=CompiledOps(), **kwargs)
+    own = [p for p in panels if getattr(p, "name", None) == "updates"] if isinstance(panels, (list, tuple)) else []
+    updates = [] if own else [FastUpdatePanel(DEFAULT_SCHEDULES["updates"])]     # a panel of the user's named so wins
+    return Inspector(*args, panels=[*updates, *panels] if isinstance(panels, (list, tuple)) else panels,
+                     ops=CompiledOps(), **kwargs)

@@ -887,3 +887,18 @@ def test_a_point_the_history_refuses_does_not_jam_the_inspector():
     with pytest.raises(OSError, match="folder is gone"):
         inspector.remove_all()
     assert not inspector.handles and not model["fc"]._forward_hooks and not opt._step_pre_hooks and not opt._step_post_hooks
+
+
+def test_an_ops_without_the_array_interface_is_refused_at_once():
+    with pytest.raises(TypeError, match=r"ops must give the panels' array interface.*lacks \['moments'"):
+        Inspector(ops=object())
+
+
+def test_fast_inspector_takes_the_users_update_panel_as_inspector_does():
+    from minitrain_inspect.inspect import UpdatePanel
+    from minitrain_inspect.speed import fast_inspector
+
+    class Mine(UpdatePanel):
+        pass
+    assert type(fast_inspector(panels=[Mine(1)]).panel("updates")) is Mine
+    assert type(Inspector(panels=[Mine(1)]).panel("updates")) is Mine
