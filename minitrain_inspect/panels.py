@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,10 +18,10 @@ from .stats import (FLOAT64_MAX, MAX_JSON_DEPTH, _as_numeric_array, all_finite, 
 
 # %% auto #0
 __all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'NONFINITE_VALUES',
-           'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'SATURATION', 'UNIT_KINDS',
+           'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'META_SHAPES', 'SATURATION', 'UNIT_KINDS',
            'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
            'to_strict_json', 'from_strict_json', 'HistoryFiles', 'series_bin_edges', 'HistoryTables', 'History',
-           'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges',
+           'check_meta', 'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges',
            'fixed_histogram', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #0f02476e
@@ -530,6 +531,39 @@ def _field(path: Path, number: int, row: dict, name: str, kind, what: str):
         raise ValueError(f"{path}, line {number}: {name!r} must be {what}, got {value!r}"[:300])
     return value
 
+# %% ../nbs/09_panels.ipynb #c7e1a0b2
+def _strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _table(v, kind) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, kind) for k, x in v.items())
+
+
+def _adjustment(e) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool)
+            and all(isinstance(e.get(k), str) for k in ("panel", "from", "to")))
+
+
+META_SHAPES = {      # what the Inspector writes under each key of a history's meta, which the dashboard reads
+    "layers": (_strings, "a list of names"), "params": (_strings, "a list of names"),
+    "notes": (_strings, "a list of texts"), "budget_notes": (_strings, "a list of texts"),
+    "module_types": (lambda v: _table(v, str), "{name: type name}"),
+    "histogram": (lambda v: _table(v, dict), "{layer: {kind, lo, hi, bins}}"),
+    "panels": (lambda v: _table(v, dict), "{panel: {title, ylabel, log}}"),
+    "throttled": (lambda v: isinstance(v, list) and all(map(_adjustment, v)), "a list of {step, panel, from, to, overhead}"),
+    "loss": (lambda v: isinstance(v, dict), "a JSON object"), "config": (lambda v: isinstance(v, dict), "a JSON object"),
+    "diagnosis": (lambda v: isinstance(v, dict), "a JSON object"), "title": (lambda v: isinstance(v, str), "a text"),
+}
+
+
+def check_meta(meta: dict, where: str) -> dict:
+    "`meta` if each key the Inspector writes holds what it writes (other keys are free); a ValueError naming `where` and the key if not."
+    for key, (fits, words) in META_SHAPES.items():
+        if key in meta and not fits(meta[key]):
+            raise ValueError(f"{where}: meta[{key!r}] must be {words}, got {reprlib.repr(meta[key])}")
+    return meta
+
 # %% ../nbs/09_panels.ipynb #58f1eaca
 def _read_head(path: Path, line: str) -> tuple[History, int, int]:
     "The empty History the first line describes, the number of series that follow, and the format's version."
@@ -551,7 +585,7 @@ def _read_head(path: Path, line: str) -> tuple[History, int, int]:
     except ValueError as exc:
         raise ValueError(f"{path}, line 1: meta: {exc}") from None
     history = History(max_points)
-    history.meta = from_strict_json(meta, f"{path}, line 1: meta") if version >= 4 else meta
+    history.meta = check_meta(from_strict_json(meta, f"{path}, line 1: meta") if version >= 4 else meta, f"{path}, line 1")
     return history, expected, version
 
 # %% ../nbs/09_panels.ipynb #32dfcbb4
