@@ -1223,6 +1223,7 @@ def _grading_entries(folder: Path, ref_folder, only) -> list:
     'missing', or 'not graded: why' for a notebook that cannot be read (a symbolic link, not a file, not a notebook)."""
     names = {p.name for p in course_notebooks(folder)}
     ref_names = {p.name for p in course_notebooks(ref_folder)} if ref_folder else set()
+    _nbformat()                 # a missing tool stops the grade here; a notebook that cannot be read stops only itself
     entries = []
     for p in _select([Path(n) for n in sorted(ref_names if ref_folder else names)], only, ref_folder or folder):
         ref = read_notebook(ref_folder / p.name) if p.name in ref_names else None
