@@ -10,6 +10,7 @@ import csv
 import io
 import math
 import os
+import shutil
 import sys
 import time
 from bisect import bisect_right
@@ -240,17 +241,20 @@ def _seconds(value, what: str, none_ok: bool = True) -> float | None:
     return float(value)
 
 # %% ../nbs/11a_export.ipynb #d8758015
-def _export_folder(history_path: Path, to: str, out) -> Path:
-    "The output folder, made if missing (its parent must exist); default: `<history stem>-<to>` beside the history."
+def _export_folder(history_path: Path, to: str, out) -> tuple[Path, bool]:
+    """The output folder, made if missing (its parent must exist), and whether it was made now; default:
+    `<history stem>-<to>` beside the history."""
     if to not in EXPORT_SINKS:
         raise ValueError(f"export to must be one of {sorted(EXPORT_SINKS)}, got {to!r}")
     out = Path(out) if out is not None else history_path.with_name(f"{history_path.stem}-{to}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"the export folder {out} is a file, not a folder")
     if not out.parent.is_dir():
-        raise ValueError(f"cannot make the export folder {out}: {out.parent} does not exist")
+        why = "is a file, not a folder" if out.parent.exists() else "does not exist"
+        raise ValueError(f"cannot make the export folder {out}: {out.parent} {why}")
+    made = not out.exists()
     out.mkdir(exist_ok=True)         # with the umask's permissions, as any folder a user makes
-    return out
+    return out, made
 
 # %% ../nbs/11a_export.ipynb #063acece
 def export_history(history_path, to: str = "csv", out=None, *, follow: bool = False, poll: float = 1.0,
@@ -268,14 +272,20 @@ def export_history(history_path, to: str = "csv", out=None, *, follow: bool = Fa
     poll, timeout, idle = _seconds(poll, "poll", False), _seconds(timeout, "timeout"), _seconds(idle, "idle")
     if not follow and not history_path.is_file():
         raise ValueError(f"no saved history at {history_path}")
-    out = _export_folder(history_path, to, out)
-    exporter = _Exporter(history_path, EXPORT_SINKS[to](out))
+    out, made = _export_folder(history_path, to, out)
+    exporter = None
     try:
-        stopped = _follow(exporter, poll, timeout, idle, sleep, clock) if follow else "once"
-        if not follow:
-            exporter.read()
-    finally:
-        exporter.sink.close()
+        exporter = _Exporter(history_path, EXPORT_SINKS[to](out))
+        try:
+            stopped = _follow(exporter, poll, timeout, idle, sleep, clock) if follow else "once"
+            if not follow:
+                exporter.read()
+        finally:
+            exporter.sink.close()
+    except BaseException:
+        if made and (exporter is None or not exporter.reads):   # a refused history leaves no folder of ours behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return ExportSummary(exporter.points, exporter.histograms, exporter.reads, stopped, out)
 
 # %% ../nbs/11a_export.ipynb #3789e6e0

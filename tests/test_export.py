@@ -268,3 +268,22 @@ def test_the_command_refuses_bad_arguments_in_one_line(run_history, tmp_path, ca
         code = exit.code
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_refused_history_leaves_no_export_folder_behind(tmp_path):
+    "A truncated history is refused with its line, and the folder export made for it is gone; one that was there stays."
+    from minitrain_inspect.panels import History
+    history = History()
+    history.record("loss/train", 0, 1.0)
+    good = history.save_jsonl(tmp_path / "h.jsonl")
+    text = Path(good).read_text()
+    (tmp_path / "cut.jsonl").write_text(text[:-20])
+    with pytest.raises(ValueError, match="line 2"):
+        export_history(tmp_path / "cut.jsonl", "csv", tmp_path / "made")
+    assert not (tmp_path / "made").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError, match="line 2"):
+        export_history(tmp_path / "cut.jsonl", "csv", tmp_path / "kept")
+    assert (tmp_path / "kept").is_dir()
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        export_history(good, "csv", tmp_path / "cut.jsonl" / "sub")
