@@ -742,7 +742,11 @@ def draw_extra(ax, history: History, style: LayerStyle, last_step: int, name: st
         steps, values = history.get(key)
         if len(parts) == 3 and steps.size and np.ndim(values) == 1:
             label = _short(parts[1]) + ("" if parts[2] in ("value", "l2") else f" {parts[2]}")
-            ax.plot(steps, values, gid=key, label=label, **style.line(parts[1]), **_dots(steps))
+            finite = np.isfinite(values)
+            joined = bool(np.any(finite[1:] & finite[:-1]))      # NaN between points leaves no line: dot each point
+            ax.plot(steps, values, gid=key, label=label, **style.line(parts[1]),
+                    **(_dots(steps) if joined else {"marker": "o", "ms": 5}))
+            _nonfinite_marks(ax, steps, (~finite).astype(float), style.colour(parts[1]))   # as the built-in panels do
             drawn += 1
     if not drawn:
         _message(ax, f"nothing recorded under {name}/")

@@ -159,3 +159,20 @@ def test_memory_stays_flat_over_10000_steps():
           f"{points_2k} and {points_10k} stored points")
     assert points_10k <= points_2k * 1.05
     assert bytes_10k <= bytes_2k * 1.10 + 64 * 1024
+
+
+def test_a_users_panel_shows_points_between_nans_and_marks_the_nans():
+    "Finite points separated by NaN get a dot each (a line would draw nothing); each NaN step gets the top-edge cross."
+    import math
+    from minitrain_inspect.dashboard import render_dashboard
+    from minitrain_inspect.panels import History
+    history = History()
+    history.meta["panels"] = {"mine": {"title": "Mine", "ylabel": "", "log": False}}
+    for step in range(10):
+        history.record("mine/layer/value", step, 1.0 + step if step % 2 == 0 else math.nan)
+    fig = render_dashboard(history)
+    ax = next(a for a in fig.axes if a.get_title(loc="left") == "Mine")
+    data = [line for line in ax.lines if line.get_gid() == "mine/layer/value"]
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert data and data[0].get_marker() == "o", [l.get_marker() for l in ax.lines]
+    assert crosses and sorted(crosses[0].get_xdata().tolist()) == [1, 3, 5, 7, 9]
