@@ -41,8 +41,9 @@ class Limits:
 
 # %% ../nbs/15b_sandbox.ipynb #2ec0c181
 LAUNCHER = r'''
-import ctypes, json, os, resource, signal, sys, time
+import ctypes, json, os, resource, shutil, signal, stat, sys, time
 plan = json.loads(sys.argv[1])
+WORK = None          # the caller's scratch folder, reached through a descriptor once the room is built
 libc = ctypes.CDLL(None, use_errno=True)
 RDONLY, NOSUID, NODEV, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 
@@ -72,8 +73,15 @@ def build_view():
             os.makedirs(kept, exist_ok=True)
             mount(f"/proc/self/fd/{held[kept]}", kept, None, BIND | REC)
             mount(None, kept, None, REMOUNT | BIND | RDONLY)
-    os.mkdir("/tmp/work")
-    mount(f"/proc/self/fd/{held[plan['work']]}", "/tmp/work", None, BIND)
+    global WORK
+    WORK = f"/proc/self/fd/{held[plan['work']]}"
+    os.mkdir("/tmp/work")          # inside /tmp's tmpfs: all the program writes there is capped by its size
+    copy_files(WORK, "/tmp/work")
+    os.mkdir("/tmp/.out", 0o700)   # the caller's folder is mounted here again once the program is gone
+    for folder, dirs, files in os.walk("/tmp/work"):
+        os.chmod(folder, 0o777)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666)
     for source, inside in plan["readonly"]:
         os.makedirs(inside, exist_ok=True)
         mount(f"/proc/self/fd/{held[source]}", inside, None, BIND | REC)
@@ -83,7 +91,7 @@ def build_view():
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         with open(dst, "wb") as f:
             f.write(data)
-    for folder, dirs, files in os.walk("/tmp/home"):
+    for folder, dirs, files in os.walk("/tmp/home") if plan["drop"] == "uid" else ():   # in a user namespace: its root's
         for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
             os.chown(name, plan["uid"], plan["uid"])
     mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV, "size=64m,mode=1777")
@@ -98,6 +106,21 @@ def build_view():
         except OSError as exc:
             sys.stderr.write(f"sandbox: cannot make {point} read-only ({exc}); refusing to run\n")
             raise SystemExit(125)
+
+def copy_files(source, target):
+    "The folders and regular files under `source`, copied into `target`: no link followed, no FIFO or device opened."
+    for folder, dirs, files in os.walk(source):
+        place = os.path.join(target, os.path.relpath(folder, source))
+        os.makedirs(place, exist_ok=True)
+        for name in files:
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with open(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    with open(os.path.join(place, name), "wb") as out:
+                        shutil.copyfileobj(f, out)
 
 def loopback_up():
     import fcntl, socket, struct
@@ -175,6 +198,13 @@ def run():
         elif pid == 0:
             time.sleep(0.02)
     kill_the_rest()
+    if WORK is not None:           # every process is gone: what the program left in /tmp/work goes back to the caller
+        try:
+            mount(WORK, "/tmp/.out", None, BIND)
+            mount(None, "/tmp/.out", None, REMOUNT | BIND | NOSUID | NODEV)   # writable: read-only was for the program
+            copy_files("/tmp/work", "/tmp/.out")
+        except OSError as exc:
+            sys.stderr.write(f"sandbox: could not copy the scratch folder back ({exc})\n")
     if status is None:
         sys.stderr.write(f"sandbox: time limit of {plan['timeout']:g} s reached\n")
     elif status in (124, 125):     # this launcher's own codes: a program exiting with one cannot pass for a timeout or a failed room

@@ -387,3 +387,17 @@ def test_a_program_cannot_pass_for_the_rooms_own_exit_status(tmp_path, code):
     with open(log, "wb") as out:
         assert run_in_room([sys.executable, "-I", "-c", f"import os; os._exit({code})"], work, {}, 30, stdout=out) == 1
     assert f"the program exited with status {code}" in log.read_text()
+
+
+@needs_room
+def test_what_a_program_writes_is_capped_by_the_rooms_tmp(tmp_path):
+    "The scratch folder lives in the room's /tmp (a tmpfs): 40 files of 60 MiB stop at its size, not at the disk's."
+    from minitrain_inspect.sandbox import Limits
+    work, log = tmp_path / "w", tmp_path / "log"
+    work.mkdir()
+    code = ("import os\nn = 0\ntry:\n    for i in range(40):\n        open(f'f{i}', 'wb').write(bytes(60 << 20)); n += 1\n"
+            "except OSError as e:\n    print('stopped after', n, e.errno)\n")
+    with open(log, "wb") as out:
+        assert run_in_room([sys.executable, "-I", "-c", code], work, {}, 60, stdout=out) == 0
+    assert "stopped after" in log.read_text() and " 28" in log.read_text(), log.read_text()      # ENOSPC
+    assert sum(p.stat().st_size for p in work.iterdir()) <= Limits().tmp_bytes
