@@ -593,10 +593,14 @@ def harness_snapshot(roots) -> tuple:
     return tuple(owners), tuple((f, f.__code__, f.__defaults__, f.__kwdefaults__, label) for f, label in functions)
 
 # %% ../nbs/16_course.ipynb #9f68e8c4
-def harness_tampered(owners, functions, overlay, builtins_module, ns, names) -> str:
-    "What was replaced among the trusted objects since the snapshot, or '' when nothing was."
+def harness_tampered(owners, functions, overlay, builtins_module, ns, names, modules=sys.modules, vars=vars,
+                     type=type, str=str, module_type=type(sys)) -> str:
+    """What was replaced among the trusted objects since the snapshot, or '' when nothing was. The builtins it uses
+    are bound when the harness starts (defaults): a notebook that patches `builtins.vars` cannot blind it."""
     strkeys = lambda mapping: {k: v for k, v in mapping.items() if type(k) is str}
     for owner, label, items in owners:
+        if type(owner) is module_type and modules.get(label) is not owner:     # what `import` would now find
+            return f"sys.modules[{label!r}] was replaced"
         now = strkeys(vars(owner))
         for name, value in items:
             if now.get(name, owners) is not value:
@@ -613,9 +617,10 @@ def harness_tampered(owners, functions, overlay, builtins_module, ns, names) -> 
     return ""
 
 # %% ../nbs/16_course.ipynb #13b5de71
-def harness_guard(t_ident, protected, harness_codes):
-    "The audit hook of a graded run: `t_ident` is the trusted thread, `protected` the ids of the trusted functions."
-    get_ident = _thread.get_ident
+def harness_guard(t_ident, protected, harness_codes, trusted_code):
+    """The audit hook of a graded run: `t_ident` is the trusted thread, `protected` the ids of the trusted functions,
+    `harness_codes` the ids of the harness's code objects, `trusted_code` the trusted thread's."""
+    get_ident, getframe, looking = _thread.get_ident, sys._getframe, [False]
     blocked = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
                "sys.addaudithook", "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"}
     frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
@@ -629,13 +634,25 @@ def harness_guard(t_ident, protected, harness_codes):
         return type(path) is str and (path.rstrip("/").rsplit("/", 1)[-1] in ("mem", "pagemap")
                                       or (path.startswith("/proc/") and "/mem" in path))
 
+    def called_by_trusted_code() -> bool:
+        "Whether the caller of the audited function is the trusted thread's own code (not a finalizer run in it)."
+        looking[0] = True
+        try:
+            return getframe(2).f_code is trusted_code
+        finally:
+            looking[0] = False
+
     def hook(event, args):
-        refuse = (event in blocked or (event == "sys._current_frames" and get_ident() != t_ident)
+        if looking[0] and get_ident() == t_ident:        # the hook's own look at its caller
+            return
+        refuse = (event in blocked or (event == "sys._current_frames" and not (get_ident() == t_ident and called_by_trusted_code()))
                   or (get_ident() == t_ident and (event == "sys._getframe" or
                                                   (event == "object.__getattr__" and args[1] in frame_attrs)))
                   or (event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__")
                       and id(args[0]) in protected)
                   or (event == "function.__new__" and id(args[0]) in harness_codes)
+                  or (event == "exec" and id(args[0]) in harness_codes)            # the harness's code run again
+                  or (event == "object.__setattr__" and args[1] == "__code__" and id(args[2]) in harness_codes)
                   or (event == "ctypes.dlsym" and type(args[1]) is str and args[1] in symbols)
                   or (event in ("open", "os.symlink", "os.link") and any(proc_memory(a) for a in args[:2])))
         if refuse:
@@ -748,8 +765,10 @@ def harness_main() -> None:
     overlay, (owners, functions) = harness_overlay(imported), snapshot(roots)
     main_code = sys._getframe().f_code
     inbox.put((owners, functions, dict(overlay), builtins, main_code, park.__code__))   # the trusted thread's own overlay
-    sys.addaudithook(guard(t_ident, frozenset(id(f[0]) for f in functions),
-                           frozenset(id(c) for c in (main_code, park.__code__, trusted.__code__))))
+    harness = (park, trusted, tampered, snapshot, guard, describe, harness_overlay)
+    sys.addaudithook(guard(t_ident, frozenset([*(id(f[0]) for f in functions), *map(id, harness)]),
+                           frozenset([id(main_code), *(id(f.__code__) for f in harness)]), trusted.__code__))
+    del trusted, tampered, snapshot, guard, harness      # out of this frame's reach: a cell can read its locals
     ns = {"__name__": "__main__", "__builtins__": builtins}
     for seq, (index, source, graded, names) in enumerate(cells):
         status, message = "fail", ""

@@ -249,6 +249,71 @@ while frame is not None:
             for name in ('test_close', 'test_eq', 'test_fail'): value[name] = lambda *a, **k: None
     frame = frame.f_back
 """,
+    "builtins.vars patched to show the tamper check old copies": """
+import builtins, sys
+import minitrain_inspect.core as core
+real_vars = builtins.vars
+saved = {id(m): dict(real_vars(m)) for m in list(sys.modules.values()) if m is not None}
+builtins.vars = lambda *a: saved[id(a[0])] if len(a) == 1 and id(a[0]) in saved else real_vars(*a)
+core._close = lambda *a, **k: True
+core._equal = lambda *a, **k: True
+""" + WRONG_ANSWER,
+    "sys.modules entries of the lazily imported comparisons replaced": """
+import sys, types
+for name, attr in (("fastcore.test", "is_close"), ("fastcore.imports", "equals")):
+    fake = types.ModuleType(name)
+    setattr(fake, attr, lambda *a, **k: True)
+    sys.modules[name] = fake
+""" + WRONG_ANSWER,
+    "a finalizer run by the collector in the trusted thread forges the records": """
+import gc, sys, os, time, _thread
+MAIN = _thread.get_ident()
+class Bomb:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        if _thread.get_ident() == MAIN:
+            Bomb(); return
+        f = sys._current_frames()[_thread.get_ident()]
+        while f is not None and f.f_code.co_name != "harness_trusted":
+            f = f.f_back
+        L = f.f_locals
+        for s in range(L["seq"], len(L["plan"]["cells"])):
+            body = f"{s}\\t{L['plan']['cells'][s]['index']}\\tok\\t"
+            L["write"](L["plan"]["fd"], (body + "\\t" + L["digest"](L["key"], body.encode(), "sha256").hex() + "\\n").encode())
+        os._exit(0)
+Bomb()
+gc.set_threshold(1)
+time.sleep(2)
+""",
+    "a finalizer freed by the trusted thread's own reference forges the records": """
+import sys, os, time, _thread
+MAIN = _thread.get_ident()
+class Bomb:
+    def __del__(self):
+        if _thread.get_ident() == MAIN:
+            return
+        f = sys._current_frames()[_thread.get_ident()]
+        while f is not None and f.f_code.co_name != "harness_trusted":
+            f = f.f_back
+        L = f.f_locals
+        for s in range(L["seq"], len(L["plan"]["cells"])):
+            body = f"{s}\\t{L['plan']['cells'][s]['index']}\\tok\\t"
+            L["write"](L["plan"]["fd"], (body + "\\t" + L["digest"](L["key"], body.encode(), "sha256").hex() + "\\n").encode())
+        os._exit(0)
+def hold():
+    b = Bomb()
+    time.sleep(0.05)
+for _ in range(20):
+    hold()
+""",
+    "the harness's main code run again, by exec and by a function given its code": """
+import sys, builtins
+real = sys._getframe().f_back
+for run in (lambda: exec(real.f_code, {"__builtins__": builtins}), lambda: setattr(eval("lambda: None"), "__code__", real.f_code)):
+    try: run()
+    except PermissionError: pass
+""" + WRONG_ANSWER,
     "a fake pyplot that undoes a patch before the check": """
 import sys, types, numpy as np
 import minitrain_inspect.core as core
