@@ -617,10 +617,12 @@ def harness_tampered(owners, functions, overlay, builtins_module, ns, names, mod
     return ""
 
 # %% ../nbs/16_course.ipynb #13b5de71
-def harness_guard(t_ident, protected, harness_codes, trusted_code):
+def harness_guard(t_ident, protected, harness_codes, token):
     """The audit hook of a graded run: `t_ident` is the trusted thread, `protected` the ids of the trusted functions,
-    `harness_codes` the ids of the harness's code objects, `trusted_code` the trusted thread's."""
-    get_ident, getframe, looking = _thread.get_ident, sys._getframe, [False]
+    `harness_codes` the ids of the harness's code objects. `token`, a one-item list only the trusted thread holds, is
+    set by it just before each of its own `sys._current_frames()` calls: a finalizer of the notebook's that the
+    collector happens to run in that thread finds it unset."""
+    get_ident = _thread.get_ident
     blocked = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile",
                "sys.addaudithook", "ctypes.PyObj_FromPtr", "ctypes.string_at", "ctypes.wstring_at"}
     frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
@@ -634,18 +636,14 @@ def harness_guard(t_ident, protected, harness_codes, trusted_code):
         return type(path) is str and (path.rstrip("/").rsplit("/", 1)[-1] in ("mem", "pagemap")
                                       or (path.startswith("/proc/") and "/mem" in path))
 
-    def called_by_trusted_code() -> bool:
-        "Whether the caller of the audited function is the trusted thread's own code (not a finalizer run in it)."
-        looking[0] = True
-        try:
-            return getframe(2).f_code is trusted_code
-        finally:
-            looking[0] = False
+    def trusted_call() -> bool:
+        "The trusted thread's own call (its token set, then spent), not a notebook's code run in that thread."
+        mine = token[0] is True          # read and spent before anything is allocated
+        token[0] = False
+        return mine and get_ident() == t_ident
 
     def hook(event, args):
-        if looking[0] and get_ident() == t_ident:        # the hook's own look at its caller
-            return
-        refuse = (event in blocked or (event == "sys._current_frames" and not (get_ident() == t_ident and called_by_trusted_code()))
+        refuse = (event in blocked or (event == "sys._current_frames" and not trusted_call())
                   or (get_ident() == t_ident and (event == "sys._getframe" or
                                                   (event == "object.__getattr__" and args[1] in frame_attrs)))
                   or (event == "object.__setattr__" and args[1] in ("__code__", "__defaults__", "__kwdefaults__")
@@ -679,8 +677,9 @@ def harness_describe(exc, source: str, index: int) -> str:
 # %% ../nbs/16_course.ipynb #3a54b3ba
 def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
     "The trusted thread of a graded run (see above); `tampered` is `harness_tampered`."
-    import _hashlib, json, time
+    import _hashlib, gc, json, time
     read, write, digest, frames, sleep = os.read, os.write, _hashlib.hmac_digest, sys._current_frames, time.sleep
+    collecting, stop_collector, start_collector = gc.isenabled, gc.disable, gc.enable
     chunks = []
     while chunk := read(0, 1 << 20):
         chunks.append(chunk)
@@ -688,10 +687,18 @@ def harness_trusted(inbox, outbox, go, main_ident, tampered) -> None:
     key, text = data[:32], data[32:].decode("utf-8")
     plan = json.loads(text)          # this thread's own plan; the main thread gets another copy, which a cell can reach
     outbox.put(json.loads(text))
-    owners, functions, overlay, builtins_module, main_code, park_code = inbox.get()
+    owners, functions, overlay, builtins_module, main_code, park_code, token = inbox.get()
+    outbox.put(True)                 # taken: the main thread may start the cells
     for seq, cell in enumerate(plan["cells"]):
         while True:
-            frame = frames().get(main_ident)
+            was = collecting()
+            stop_collector()             # no finalizer of the notebook's can run here while the token is set
+            token[0] = True
+            found = frames()
+            token[0] = False
+            if was:
+                start_collector()
+            frame = found.get(main_ident)
             if (frame is not None and frame.f_code is park_code and frame.f_back is not None
                     and frame.f_back.f_code is main_code):
                 here = frame.f_locals      # park's own arguments: bound once, when the cell was over
@@ -764,11 +771,13 @@ def harness_main() -> None:
             pass
     overlay, (owners, functions) = harness_overlay(imported), snapshot(roots)
     main_code = sys._getframe().f_code
-    inbox.put((owners, functions, dict(overlay), builtins, main_code, park.__code__))   # the trusted thread's own overlay
+    token = [False]
+    inbox.put((owners, functions, dict(overlay), builtins, main_code, park.__code__, token))   # the trusted thread's own
     harness = (park, trusted, tampered, snapshot, guard, describe, harness_overlay)
     sys.addaudithook(guard(t_ident, frozenset([*(id(f[0]) for f in functions), *map(id, harness)]),
-                           frozenset([id(main_code), *(id(f.__code__) for f in harness)]), trusted.__code__))
-    del trusted, tampered, snapshot, guard, harness      # out of this frame's reach: a cell can read its locals
+                           frozenset([id(main_code), *(id(f.__code__) for f in harness)]), token))
+    outbox.get()                     # the trusted thread holds what it needs: nothing of it is left in the queue
+    del trusted, tampered, snapshot, guard, harness, token     # out of this frame's reach: a cell can read its locals
     ns = {"__name__": "__main__", "__builtins__": builtins}
     for seq, (index, source, graded, names) in enumerate(cells):
         status, message = "fail", ""
