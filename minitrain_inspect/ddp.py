@@ -1013,11 +1013,14 @@ def demo_spec(args) -> dict:
     if len(batch) not in (1, world):
         raise ValueError(f"--batch gives {len(batch)} sizes for {world} ranks: give one size, or one per rank")
     batch = [check_int(b, "--batch", 1, 100_000) for b in (batch * world if len(batch) == 1 else batch)]
+    steps = check_int(args.steps, "--steps", 1, 100_000)
     if args.nan_at is not None and not 0 <= args.nan_at[0] < world:
         raise ValueError(f"--nan-at rank {args.nan_at[0]} is not a rank of a world of {world}")
+    if args.nan_at is not None and not 0 <= args.nan_at[1] < steps:
+        raise ValueError(f"--nan-at step {args.nan_at[1]} is not a step of a run of {steps} steps (0 to {steps - 1})")
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    return {**DEMO_SPEC, "world": world, "batch": batch, "steps": check_int(args.steps, "--steps", 1, 100_000),
+    return {**DEMO_SPEC, "world": world, "batch": batch, "steps": steps,
             "flush_every": check_int(args.flush_every, "--flush-every", 1), "nan_at": list(args.nan_at) if args.nan_at else None,
             "out": str(Path(args.out).resolve()), "timeout": min(float(args.timeout), 600.0)}
 

@@ -678,10 +678,11 @@ class TorchFlush:
         "Move what the panels measured to the host and record it in the history, now."
         self._flush(force=True)
 
-    def snapshot(self) -> dict:
-        "A JSON-ready copy of every statistic (after a flush): `{name: {kind, n, mean, var, std, min, max, l2, ...}}`."
+    def snapshot(self, strict: bool = False) -> dict:
+        """A JSON-ready copy of every statistic (after a flush): `{name: {kind, n, mean, var, std, min, max, l2, ...}}`;
+        `strict` as for a minitrain Inspector."""
         self._flush(force=True)
-        return super().snapshot()
+        return super().snapshot(strict=strict)
 
 # %% ../nbs/14a_torch.ipynb #b077ba41
 class TorchFired:

@@ -319,7 +319,8 @@ def test_ddp_demo_command(tmp_path, capsys):
     assert "2 ranks on 127.0.0.1" in out and "per rank rank 0 " in out and "rank 1 " in out and "merge cost" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dashboard.png", "history.jsonl", "snapshot.json"]
     for argv, words in ((["--world", "0"], "--world"), (["--world", "2", "--batch", "1", "2", "3"], "--batch"),
-                        (["--world", "2", "--nan-at", "5", "1"], "--nan-at")):
+                        (["--world", "2", "--nan-at", "5", "1"], "--nan-at"),
+                        (["--world", "2", "--steps", "3", "--nan-at", "1", "50"], "--nan-at step 50")):
         assert ddp_demo_main(argv + ["--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1

@@ -706,3 +706,20 @@ def test_a_sparse_gradient_is_measured_as_the_dense_tensor_it_stands_for():
         insp.flush()
         (l2,) = insp.history.get("gradients/0.weight/l2")[1].tolist()
     assert l2 == pytest.approx(float(torch.linalg.vector_norm(dense.double())), rel=1e-12)
+
+
+def test_snapshot_strict_as_a_minitrain_inspector_gives_it():
+    "`snapshot(strict=True)` keeps NaN told apart (`{'$float': 'NaN'}`), as the shared interface says."
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inspector = Inspector(model, optimizer=opt, loss_fn=torch.nn.MSELoss()).attach()
+    x = torch.randn(4, 3)
+    x[0, 0] = float("nan")
+    opt.zero_grad()
+    inspector.loss_fn(model(x), torch.zeros(4, 2)).backward()
+    opt.step()
+    loose, strict = inspector.snapshot(), inspector.snapshot(strict=True)
+    assert set(loose) == set(strict) and loose
+    assert any(isinstance(v, dict) and v.get("$float") == "NaN" for stats in strict.values() for v in stats.values())
+    inspector.remove_all()
