@@ -125,6 +125,20 @@ class SoftmaxCrossEntropy:          # runs, and is wrong: only a tampered check 
     def backward(self, grad_output=1.0):
         return np.zeros(self.shape)
 """
+FORGE = """
+import sys, os, _thread
+MAIN = _thread.get_ident()
+def forge():
+    "From a finalizer run in the trusted thread: its frame's key and plan, signed ok records for every cell left."
+    f = sys._current_frames()[_thread.get_ident()]
+    while f is not None and f.f_code.co_name != "harness_trusted":
+        f = f.f_back
+    L = f.f_locals
+    for s in range(L["seq"], len(L["plan"]["cells"])):
+        body = f"{s}\\t{L['plan']['cells'][s]['index']}\\tok\\t"
+        L["write"](L["plan"]["fd"], (body + "\\t" + L["digest"](L["key"], body.encode(), "sha256").hex() + "\\n").encode())
+    os._exit(0)
+"""
 TARGETS = "[sys.argv, [str(p) for p in __import__('pathlib').Path('/tmp').glob('minitrain-grade-*/*')]]"
 ATTACKS = {
     "forged records on argv paths and every descriptor": WRONG_ANSWER + f"""
@@ -265,55 +279,52 @@ for name, attr in (("fastcore.test", "is_close"), ("fastcore.imports", "equals")
     setattr(fake, attr, lambda *a, **k: True)
     sys.modules[name] = fake
 """ + WRONG_ANSWER,
-    "a finalizer run by the collector in the trusted thread forges the records": """
-import gc, sys, os, time, _thread
-MAIN = _thread.get_ident()
+    "a finalizer run by the collector in the trusted thread forges the records": FORGE + """
+import gc, time
 class Bomb:
     def __init__(self):
         self.me = self
     def __del__(self):
         if _thread.get_ident() == MAIN:
             Bomb(); return
-        f = sys._current_frames()[_thread.get_ident()]
-        while f is not None and f.f_code.co_name != "harness_trusted":
-            f = f.f_back
-        L = f.f_locals
-        for s in range(L["seq"], len(L["plan"]["cells"])):
-            body = f"{s}\\t{L['plan']['cells'][s]['index']}\\tok\\t"
-            L["write"](L["plan"]["fd"], (body + "\\t" + L["digest"](L["key"], body.encode(), "sha256").hex() + "\\n").encode())
-        os._exit(0)
+        forge()
 Bomb()
 gc.set_threshold(1)
 time.sleep(2)
 """,
-    "a finalizer freed by the trusted thread's own reference forges the records": """
-import sys, os, time, _thread
-MAIN = _thread.get_ident()
+    "a finalizer freed by the trusted thread's own reference forges the records": FORGE + """
+import time
 class Bomb:
     def __del__(self):
-        if _thread.get_ident() == MAIN:
-            return
-        f = sys._current_frames()[_thread.get_ident()]
-        while f is not None and f.f_code.co_name != "harness_trusted":
-            f = f.f_back
-        L = f.f_locals
-        for s in range(L["seq"], len(L["plan"]["cells"])):
-            body = f"{s}\\t{L['plan']['cells'][s]['index']}\\tok\\t"
-            L["write"](L["plan"]["fd"], (body + "\\t" + L["digest"](L["key"], body.encode(), "sha256").hex() + "\\n").encode())
-        os._exit(0)
+        if _thread.get_ident() != MAIN:
+            forge()
 def hold():
     b = Bomb()
     time.sleep(0.05)
 for _ in range(20):
     hold()
 """,
-    "the harness's main code run again, by exec and by a function given its code": """
-import sys, builtins
-real = sys._getframe().f_back
-for run in (lambda: exec(real.f_code, {"__builtins__": builtins}), lambda: setattr(eval("lambda: None"), "__code__", real.f_code)):
-    try: run()
-    except PermissionError: pass
-""" + WRONG_ANSWER,
+    "the harness's main code run again by a function given its code, against fake globals": """
+import sys, types, builtins
+real = sys._getframe().f_back                       # the harness's main frame: its code, and its locals to read
+L = real.f_locals
+go, park, overlay, k = L["go"], L["park"], L["overlay"], L["seq"]
+rest = list(L["cells"])[k:]
+fake_thread = types.SimpleNamespace(allocate_lock=lambda: go, get_ident=lambda: 0,
+    start_new_thread=lambda f, args: args[1].put({"cells": [{"index": i, "source": "pass", "graded": True,
+                                                            "names": list(overlay)} for i, *_ in rest],
+                                                  "trusted": [], "roots": []}))
+fake_sys = types.SimpleNamespace(modules={"__main__": types.SimpleNamespace()}, _getframe=sys._getframe,
+                                 addaudithook=lambda h: None)
+G = {"__builtins__": builtins, "sys": fake_sys, "_thread": fake_thread, "harness_park": park,
+     "harness_trusted": lambda: None, "harness_tampered": None, "harness_snapshot": lambda r: ((), ()),
+     "harness_guard": lambda *a: None, "harness_describe": None, "harness_overlay": lambda i: overlay,
+     "enumerate": lambda cells: ((k + i, c) for i, c in builtins.enumerate(cells))}
+f = eval("lambda: None", G)
+f.__code__ = real.f_code          # refused; before the fix, every park of the copy was genuine and every cell passed
+go.release()
+f()
+""",
     "a fake pyplot that undoes a patch before the check": """
 import sys, types, numpy as np
 import minitrain_inspect.core as core
