@@ -121,18 +121,13 @@ def _notebook_bytes(path: Path, follow_links: bool = True) -> bytes:
     except OSError as exc:
         why = "it is a symbolic link (a hand-in's notebook must be a file of its own)" if exc.errno == errno.ELOOP else exc.strerror
         raise CourseError(f"cannot read notebook {path}: {why}") from None
-    try:
+    with open(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CourseError(f"cannot read notebook {path}: not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_NOTEBOOK_BYTES and (chunk := os.read(fd, 1 << 20)):
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_NOTEBOOK_BYTES:
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
         raise CourseError(f"{path} is larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB: not a notebook of this course")
-    return b"".join(chunks)
+    return data
 
 
 def read_notebook(path, follow_links: bool = True) -> dict:
@@ -1183,20 +1178,19 @@ def lock_graded_cells(nb: dict, reference: dict, name: str = "notebook") -> tupl
         if is_exercise_cell(cell):
             answers.setdefault(nbgrader_meta(cell)["grade_id"], cell_source(cell))
     kept = {nbgrader_meta(cell).get("grade_id") for cell in nb["cells"]}
-    cells, missing = [], []
-    for index, original in enumerate(reference["cells"]):
-        cell = json.loads(json.dumps(original))
-        grade_id = nbgrader_meta(original).get("grade_id")
-        if is_exercise_cell(original):
-            stub = lambda: stub_source(cell_source(original), grade_id, stem, cell_label(stem, index, original))
-            cell["source"] = answers[grade_id] if grade_id in answers else stub()
-        elif nbgrader_meta(original).get("grade") and grade_id not in kept:
+    locked, cells, missing = json.loads(json.dumps(reference)), [], []
+    for index, cell in enumerate(locked["cells"]):
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        if is_exercise_cell(cell):
+            cell["source"] = answers[grade_id] if grade_id in answers else \
+                stub_source(cell_source(cell), grade_id, stem, cell_label(stem, index, cell))
+        elif nbgrader_meta(cell).get("grade") and grade_id not in kept:
             missing.append(grade_id)
             continue
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
         cells.append(cell)
-    locked = dict(json.loads(json.dumps({k: v for k, v in reference.items() if k != "cells"})), cells=cells)
+    locked["cells"] = cells
     return locked, [c for c in graded_cells(reference, f"reference {name}") if c.grade_id in missing]
 
 # %% ../nbs/16_course.ipynb #725f421a

@@ -654,7 +654,6 @@ def fast_inspector(*args, panels=(), **kwargs) -> Inspector:
     "An `Inspector` (same arguments) measuring through `CompiledOps`, with `FastUpdatePanel` for the update panel."
     if "ops" in kwargs:
         raise TypeError("fast_inspector chooses the array interface itself (CompiledOps); use Inspector(ops=...) for another")
-    own = [p for p in panels if getattr(p, "name", None) == "updates"] if isinstance(panels, (list, tuple)) else []
-    updates = [] if own else [FastUpdatePanel(DEFAULT_SCHEDULES["updates"])]     # a panel of the user's named so wins
-    return Inspector(*args, panels=[*updates, *panels] if isinstance(panels, (list, tuple)) else panels,
-                     ops=CompiledOps(), **kwargs)
+    if isinstance(panels, (list, tuple)) and not any(getattr(p, "name", None) == "updates" for p in panels):
+        panels = [FastUpdatePanel(DEFAULT_SCHEDULES["updates"]), *panels]     # a user's panel named so wins, as in Inspector
+    return Inspector(*args, panels=panels, ops=CompiledOps(), **kwargs)
