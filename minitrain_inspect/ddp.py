@@ -22,18 +22,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
+from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, _ldexp, _normalize, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
-                                             _units_last, first_tensor, group_points, host_moments, moment_points, torch_activation_kind,
+                                             _units_last, first_tensor, group_points, moment_points, square_parts, torch_activation_kind,
                                              torch_moments)
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'MAX_RANK_SERIES', 'FAILURE_KEY',
            'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
-           'row_moments', 'merge_rows', 'merged_numbers', 'merge_row_block', 'unit_counts', 'unit_points',
-           'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
+           'row_moments', 'merge_rows', 'merged_numbers', 'numbers_moments', 'merge_row_block', 'unit_counts',
+           'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
            'merged_points', 'fixed_points', 'rank_mean', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows',
            'sum_across', 'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows',
            'DDPReplace', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
@@ -44,7 +44,7 @@ __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'M
            'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
-ROW_WIDTH = 8   # n, mean, M2, min, max, non-finite count, NaN count, residual sum(x - mean) over the finite values
+ROW_WIDTH = 8   # n, mean, ‖x − mean‖, min, max, non-finite count, NaN count, residual sum(x - mean) over the finite values
 
 
 def residual_row(x):
@@ -66,13 +66,16 @@ class DDPOps(TorchOps):
 # %% ../nbs/14b_ddp.ipynb #d3d6ec79
 def row_moments(row, shift: float = 0.0) -> TensorMoments:
     "One rank's 8 numbers (`residual_row`, on the host) as `TensorMoments` whose mean is measured from `shift`."
-    n, mean, m2, lo, hi, nonfinite, nan, residual = row
+    n, mean, dev_norm, lo, hi, nonfinite, nan, residual = row
     ### BEGIN SOLUTION
     if n == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, int(nonfinite), int(nan))
     n = int(n)
-    return TensorMoments(n, (mean - shift) + residual / n, max(m2 - residual * residual / n, 0.0), lo, hi,
-                         int(nonfinite), int(nan))
+    m2, exp = square_parts(dev_norm)                     # M2 = m2 * 4**exp; exp = 0 unless M2 leaves float64's range
+    m2 = max(m2 - _ldexp(residual, -exp) ** 2 / n, 0.0)     # about the exact mean: less residual**2 / n, in the same units
+    if exp:
+        m2, exp = _normalize(m2, exp)
+    return TensorMoments(n, (mean - shift) + residual / n, m2, lo, hi, int(nonfinite), int(nan), exp)
     ### END SOLUTION
 
 # %% ../nbs/14b_ddp.ipynb #432a7aea
@@ -108,13 +111,14 @@ def merged_numbers(block) -> tuple:
         raise ValueError(f"merge_row_block needs one row of {ROW_WIDTH} numbers per tensor from each of at least one rank, "
                          f"got an array of shape {rows.shape}")
     rows = rows.reshape(len(rows), -1, ROW_WIDTH)
-    n, residual, has = rows[..., 0], rows[..., 7], rows[..., 0] > 0
+    n, norm, residual, has = rows[..., 0], rows[..., 2], rows[..., 7], rows[..., 0] > 0
     shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(rows.shape[1]), 1], 0.0)
     size = np.where(has, n, 1.0)
     with np.errstate(all="ignore"):          # what overflows is sent to merge_rows below
-        means, m2s = (rows[..., 1] - shift) + residual / size, np.maximum(rows[..., 2] - residual * residual / size, 0.0)
+        means, m2s = (rows[..., 1] - shift) + residual / size, np.maximum(norm * norm - residual * residual / size, 0.0)
         total_n, mean, m2 = n[0], np.where(has[0], means[0], 0.0), np.where(has[0], m2s[0], 0.0)     # rank 0 alone
-        plain = np.ones(rows.shape[1], dtype=bool)
+        squared = (norm == 0.0) | ((norm >= 2.0 ** -480) & (norm <= 2.0 ** 480))     # norm**2 a plain M2: square_parts' bits
+        plain = (~has | squared).all(axis=0)
         for r in range(1, len(rows)):           # Chan's merge in rank order, as merge_moments does, every tensor at once
             first, both, merged_n = has[r] & (total_n == 0), has[r] & (total_n > 0), total_n + n[r]
             delta, cross = means[r] - mean, total_n * n[r]
@@ -129,10 +133,18 @@ def merged_numbers(block) -> tuple:
     return numbers, {t: merge_rows(rows[:, t].tolist()) for t in np.flatnonzero(~plain).tolist()}
 
 
+def numbers_moments(row) -> TensorMoments:
+    "A merged host row of 7 (`merged_numbers`': n, mean, M2, min, max, non-finite, NaN) as `TensorMoments`."
+    n, mean, m2, lo, hi, nonfinite, nan = row
+    if n == 0:
+        return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, int(nonfinite), int(nan))
+    return TensorMoments(int(n), mean, m2, lo, hi, int(nonfinite), int(nan))
+
+
 def merge_row_block(block) -> list:
     "`merge_rows` of many tensors at once, the same numbers bit for bit: `block[r][t]` is rank r's row (8 numbers) of tensor t."
     numbers, extreme = merged_numbers(block)
-    return [extreme[t] if t in extreme else host_moments(row) for t, row in enumerate(numbers)]
+    return [extreme[t] if t in extreme else numbers_moments(row) for t, row in enumerate(numbers)]
 
 # %% ../nbs/14b_ddp.ipynb #7b1e7b65
 def unit_counts(output, kind: str, bins: int):
@@ -398,14 +410,12 @@ class DDPReplace:
         panel.pending[i] = (key, step, Later(finish, numbers))
 
     def _unpack_moments(self, entries: list, block) -> None:
-        "Every tensor's rows merged at once (`merged_numbers`, rank order): its own `finish` then reads the merged row."
+        "Every tensor's rows merged at once (`merged_numbers`, rank order); the panel's state and keys then fold the merged moments."
         numbers, extreme = merged_numbers(block) if entries else ([], {})
         for t, (entry, row) in enumerate(zip(entries, numbers)):
-            finish = entry[4].finish          # moment_points, as for one process's row
-            if t in extreme:                  # merged by merge_rows: M2 may carry an exponent of its own
-                self._replace(entry, functools.partial(merged_points, *finish.args[:3], extreme[t]))
-            else:
-                self._replace(entry, finish, (row,))
+            tm = extreme[t] if t in extreme else numbers_moments(row)   # merge_rows' M2 may carry an exponent of its own
+            state, keys, nonfinite_key = entry[4].finish.args[:3]      # those of the panel's moment_points
+            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, tm))
 
     def _unpack_losses(self, entries: list, spread: tuple) -> None:
         "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."

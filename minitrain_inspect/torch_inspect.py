@@ -24,7 +24,7 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
 from .panels import ACTIVATION_RANGES, History, as_schedule
 from . import speed
 from .speed import _lane_input, lane_moments
-from .stats import TensorMoments, check_int, fold_moments, new_state, summarize
+from .stats import TensorMoments, _normalize, _root, check_int, fold_moments, new_state, summarize
 from .overhead import TorchRun, _check_clock, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
 from .train import blas_threads as limit_blas_threads
@@ -34,11 +34,11 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
            'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS',
            'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
-           'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'host_moments', 'Later', 'to_host',
-           'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix', 'TorchSpectralNorm',
-           'lane_row', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points', 'TorchTensorPanel',
-           'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums',
-           'group_points', 'TorchGroupLossPanel', 'ratio_points', 'host_weights', 'TorchUpdatePanel',
+           'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'square_parts',
+           'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
+           'as_matrix', 'TorchSpectralNorm', 'lane_row', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points',
+           'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel',
+           'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points', 'host_weights', 'TorchUpdatePanel',
            'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
            'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush',
            'TorchFired', 'TorchSteps', 'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks',
@@ -61,14 +61,26 @@ def TORCH_SUM_ERROR(n: int) -> float:
 
 # %% ../nbs/14a_torch.ipynb #af43a1f7
 class TorchMoments(NamedTuple):
-    "One tensor's moments as 0-d float64 device tensors, over its finite values; NaN and ±inf counted apart."
+    """One tensor's moments as 0-d float64 device tensors, over its finite values; NaN and ±inf counted apart.
+    `dev_norm` is ‖x − mean‖₂ over the finite values, whose square is M2 (a norm, not its square: it over- or underflows
+    float64 only where the data themselves nearly do)."""
     n: object
     mean: object
-    m2: object
+    dev_norm: object
     min: object
     max: object
     nonfinite: object
     nan: object
+
+# %% ../nbs/14a_torch.ipynb #5c1d0e7a
+def deviation_norm(deviation, lo, hi):
+    '''‖deviation‖₂ of a float64 device tensor whose values lie within hi − lo of each other (0-d tensors), in units of a
+    power of two near that spread: `torch.linalg.vector_norm` squares without scaling, so data beyond about 1e±154 would
+    over- or underflow. The scaling is exact (a power of two); works in place on `deviation`.'''
+    torch = require_torch()
+    exponent = torch.frexp(torch.sub(hi * 0.5, lo, alpha=0.5)).exponent.clamp_(-1000, 1000)   # half the spread: no overflow
+    scale = torch.ldexp(torch.ones((), dtype=torch.float64, device=deviation.device), -exponent)   # one power of two
+    return torch.linalg.vector_norm(deviation.mul_(scale)).ldexp_(exponent)      # (ldexp of the whole tensor: a pow a value)
 
 # %% ../nbs/14a_torch.ipynb #d0f111ad
 def masked_moments(flat) -> TorchMoments:
@@ -80,8 +92,7 @@ def masked_moments(flat) -> TorchMoments:
     lo, hi = torch.aminmax(torch.where(finite, flat, first))     # the extremes of the finite values
     mean = torch.clamp(torch.where(finite, flat, 0.0).sum() / n, lo, hi)   # rounded outside them: held at the edge
     centred = torch.where(finite, flat, mean)     # a non-finite value becomes the mean: no deviation
-    deviation = centred - mean
-    return TorchMoments(n, mean, (deviation * deviation).sum(), lo, hi, flat.numel() - n,
+    return TorchMoments(n, mean, deviation_norm(centred - mean, lo, hi), lo, hi, flat.numel() - n,
                         torch.isnan(flat).sum(dtype=torch.float64))
 
 # %% ../nbs/14a_torch.ipynb #607ef837
@@ -133,22 +144,33 @@ def torch_moments(x, scratch=None) -> TorchMoments:
     first = clean.index_select(0, code.argmin().reshape(1)).squeeze()   # a finite value (code 0), if there is one
     lo, hi = torch.aminmax(clean.masked_fill_(at, first))   # the extremes of the finite values
     mean = torch.clamp(total / n, lo, hi)                   # a mean rounded outside them: held at the edge
-    m2 = torch.linalg.vector_norm(clean.masked_fill_(at, mean).sub_(mean)).square()   # non-finite: no deviation
-    return TorchMoments(n, mean, m2, lo, hi, nonfinite, nan)
+    deviation = clean.masked_fill_(at, mean).sub_(mean)     # non-finite: no deviation
+    if x.dtype == torch.float64:        # only float64 data can square beyond float64's range: known on the host
+        return TorchMoments(n, mean, deviation_norm(deviation, lo, hi), lo, hi, nonfinite, nan)
+    return TorchMoments(n, mean, torch.linalg.vector_norm(deviation), lo, hi, nonfinite, nan)
 
 # %% ../nbs/14a_torch.ipynb #11b2c443
 def moments_row(x, scratch=None):
-    "The moments of `x` as one float64 device vector of 7: n, mean, M2, min, max, non-finite count, NaN count."
+    "The moments of `x` as one float64 device vector of 7: n, mean, ‖x − mean‖ (`dev_norm`), min, max, non-finite count, NaN count."
     torch = require_torch()
     return torch.stack(torch_moments(x, scratch))
 
 
+def square_parts(r: float) -> tuple[float, int]:
+    "`08_stats`'s `(m2, m2_exp)` of M2 = r²: the square in units of a power of two where it would leave float64's range."
+    if not 0.0 < r < math.inf:
+        return r * r, 0
+    fraction, exponent = math.frexp(r)
+    return _normalize(fraction * fraction, exponent)     # bit for bit r * r wherever that is a plain M2
+
+
 def host_moments(row) -> TensorMoments:
     "The `TensorMoments` (`08_stats`) of the 7 numbers of a `moments_row` on the host; a tensor without finite values: n = 0."
-    n, mean, m2, lo, hi, nonfinite, nan = row
+    n, mean, dev_norm, lo, hi, nonfinite, nan = row
     if n == 0:
         return TensorMoments(0, 0.0, 0.0, math.inf, -math.inf, int(nonfinite), int(nan))
-    return TensorMoments(int(n), mean, m2, lo, hi, int(nonfinite), int(nan))
+    m2, m2_exp = square_parts(dev_norm)
+    return TensorMoments(int(n), mean, m2, lo, hi, int(nonfinite), int(nan), m2_exp)
 
 # %% ../nbs/14a_torch.ipynb #f937bbb3
 class Later(NamedTuple):
@@ -257,7 +279,7 @@ def lane_row(x, kernels):
     tm = lane_moments(kernels, flat) if _lane_input(flat) else None    # None: a non-finite value, or too spread
     if tm is None:
         return None
-    return torch.from_numpy(np.array([tm.n, tm.mean, tm.m2, tm.min, tm.max, 0.0, 0.0]))
+    return torch.from_numpy(np.array([tm.n, tm.mean, _root(tm.m2, tm.m2_exp), tm.min, tm.max, 0.0, 0.0]))
 
 # %% ../nbs/14a_torch.ipynb #ff041d1d
 class TorchNorms:

@@ -264,11 +264,11 @@ def test_other_ranks_made_empty_merge_to_rank_zeros_own(world, tensors, seed):
     assert rank0_rows(block)[1:].tolist() == [list(EMPTY_ROW) * tensors] * (world - 1)
 
 
-def test_unpacked_moments_fold_as_one_process_or_through_merge_rows():
-    "Merged rows go back to the panel's own finish (moment_points) as one process's row; extreme ones as merge_rows' moments."
-    from minitrain_inspect.ddp import DDPReplace, merged_numbers
+def test_unpacked_moments_fold_the_merged_moments_into_the_panels_state():
+    "Every merged tensor goes back as merged_points of the panel's own state and keys: TensorMoments from the merged row, or merge_rows' where extreme."
+    from minitrain_inspect.ddp import DDPReplace, merged_numbers, merged_points, numbers_moments
     from minitrain_inspect.stats import fold_moments, new_state
-    from minitrain_inspect.torch_inspect import Later, host_moments, moment_points
+    from minitrain_inspect.torch_inspect import Later, moment_points
     import functools
 
     class Kept:
@@ -285,15 +285,31 @@ def test_unpacked_moments_fold_as_one_process_or_through_merge_rows():
     numbers, through = merged_numbers(block)
     assert list(through) == [1]
     plain, far = (value for _, _, value in panel.pending)
-    assert plain.finish is entries[0][4].finish and plain.tensors == (numbers[0],)       # the panel's own finish, a host row
-    assert far.tensors == () and far.finish.args[3] == merge_rows([extreme[0], extreme[1]])
-    points = plain.finish(*plain.tensors)           # what 14a's flush does with it: folds it, gives the points
+    assert plain.tensors == far.tensors == () and plain.finish.func is far.finish.func is merged_points
+    assert plain.finish.args[:3] == (states[0], keys, "activations/a/nonfinite") and plain.finish.args[3] == numbers_moments(numbers[0])
+    assert far.finish.args[3] == merge_rows([extreme[0], extreme[1]])
+    points = plain.finish()                          # what 14a's flush does with it: folds it, gives the points
     assert [key for key, _ in points] == ["activations/a/mean", "activations/a/n", "activations/a/nonfinite"]
     assert points[1:] == [("activations/a/n", 4), ("activations/a/nonfinite", 1)] and points[0][1] == pytest.approx(2.5, rel=4 * 2.0 ** -52)   # a few roundings of a Chan step
     expected = new_state()
-    fold_moments(expected, host_moments(numbers[0]))
+    fold_moments(expected, numbers_moments(numbers[0]))
     assert states[0] == expected
     assert far.finish()[1] == ("activations/a/n", 2) and states[1]["n"] == 2
+
+
+def test_merge_keeps_m2_beyond_float64_range():
+    "Ranks whose data lie at 1e±200: each row's norm squares beyond float64; the merge keeps M2 scaled, the std exact."
+    from fractions import Fraction
+    rng = np.random.default_rng(3)
+    for scale in (1e-200, 1e200):
+        shards = [rng.standard_normal(size) * scale + 0.5 * scale for size in (40, 25, 1)]
+        block = np.array([residual_row(torch.from_numpy(s)).tolist() for s in shards])
+        union = [Fraction(float(v)) for s in shards for v in s]
+        mean = sum(union) / len(union)
+        exact_var = sum((v - mean) ** 2 for v in union) / (len(union) - 1)
+        for tm in (merge_rows(block.tolist()), merge_row_block(block[:, None, :].reshape(3, 8))[0]):
+            assert tm.n == 66 and tm.m2_exp != 0
+            assert abs(Fraction(tm.std) ** 2 / exact_var - 1) <= 1e-12, (scale, tm)
 
 
 def test_gathered_array_cut_and_compared_by_column():
