@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, GradientPanel, Inspector, LossPanel,
+from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, GradientPanel, Inspector, LossPanel, NumpyNorms,
                                        PerClassPanel, Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
                                        check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
@@ -36,17 +36,18 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
            'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'square_parts',
            'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
-           'as_matrix', 'TorchSpectralNorm', 'lane_row', 'TorchNorms', 'TorchOps', 'first_tensor', 'moment_points',
-           'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel',
-           'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points', 'host_weights', 'TorchUpdatePanel',
-           'TorchSpectralPanel', 'torch_panels', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks',
-           'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush',
-           'TorchFired', 'TorchSteps', 'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks',
-           'TorchStepHooks', 'TorchLoss', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
-           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave',
-           'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun',
-           'measure_width', 'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field',
-           'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'as_matrix', 'TorchSpectralNorm', 'lane_row', 'power_scales', 'scaled_norm', 'TorchNorms', 'TorchOps',
+           'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel',
+           'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points',
+           'plain_squares', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
+           'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
+           'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
+           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -282,13 +283,30 @@ def lane_row(x, kernels):
     return torch.from_numpy(np.array([tm.n, tm.mean, _root(tm.m2, tm.m2_exp), tm.min, tm.max, 0.0, 0.0]))
 
 # %% ../nbs/14a_torch.ipynb #ff041d1d
+def power_scales(tensors) -> list:
+    "For each float64 tensor, a 0-d power of two that brings its largest |value| near 1: its norms then scale exactly."
+    torch = require_torch()
+    tops = torch.stack(torch._foreach_max(torch._foreach_abs(tensors)))
+    exponent = torch.frexp(tops).exponent.clamp_(-1000, 1000)      # (the clamp keeps 2**-exponent a normal float64)
+    return list(torch.ldexp(torch.ones_like(tops), -exponent).unbind())
+
+
+def scaled_norm(x, scale: bool = True):
+    "‖x‖₂ of a float64 tensor, 0-d on its device; with `scale`, taken in units of a power of two near max |x| (`power_scales`)."
+    torch = require_torch()
+    if not scale or not x.numel():
+        return torch.linalg.vector_norm(x)
+    (factor,) = power_scales([x])
+    return torch.linalg.vector_norm(x * factor) / factor
+
+
 class TorchNorms:
     "Norms, copies and changes of tensors in float64 on their device: the update and spectral panels' side of the interface."
 
     def norm(self, x):
-        "‖x‖₂ in float64, a 0-d tensor."
+        "‖x‖₂ in float64, a 0-d tensor (float64 data in units of a power of two: no square over- or underflows)."
         torch = require_torch()
-        return torch.linalg.vector_norm(x.detach().to(torch.float64))
+        return scaled_norm(x.detach().to(torch.float64), x.dtype == torch.float64)
 
     def copy(self, x, buffer=None):
         "A float64 copy of `x` on its device, into `buffer` when it fits (allocated once, reused)."
@@ -300,7 +318,7 @@ class TorchNorms:
     def change_norm(self, after, before):
         "‖after − before‖₂, the change taken in float64 from the stored copy."
         torch = require_torch()
-        return torch.linalg.vector_norm(after.detach().to(torch.float64) - before)
+        return scaled_norm(after.detach().to(torch.float64) - before, after.dtype == torch.float64)
 
 # %% ../nbs/14a_torch.ipynb #108f3cc8
 class TorchOps(TorchNorms):
@@ -475,6 +493,11 @@ def ratio_points(key: str, change: float, norm: float) -> list:
     return [(key, change / norm if 0 < norm < math.inf else math.nan)]
 
 # %% ../nbs/14a_torch.ipynb #7834ab21
+def plain_squares(total: float) -> bool:
+    "Whether a float64 sum of squares is clear of over- and underflow (else the norm is taken again, scaled)."
+    return 2.0 ** -960 <= total <= 2.0 ** 960
+
+
 def host_weights(p) -> bool:
     "Whether `10a_speed`'s difference pass can read parameter `p` in place: a contiguous float32/float64 CPU tensor."
     torch = require_torch()
@@ -494,8 +517,13 @@ class TorchUpdatePanel(UpdatePanel):
         buffers = [self._buffer(name, p) for name, p in self._copied]
         torch = require_torch()
         torch._foreach_copy_(buffers, [p.detach() for _, p in self._copied])   # every copy in one call
-        if not self._on_host:
-            self._norms.update(zip((name for name, _ in self._copied), torch._foreach_norm(buffers)))
+        self._scales = None
+        if self._on_host:
+            return
+        if any(p.dtype == torch.float64 and p.numel() for _, p in self._copied) and all(b.numel() for b in buffers):
+            self._scales = power_scales(buffers)      # float64 weights may square beyond float64: norms in scaled units
+            torch._foreach_mul_(buffers, self._scales)
+        self._norms.update(zip((name for name, _ in self._copied), torch._foreach_norm(buffers)))
 
     def on_step_end(self, params) -> None:
         if not self._copied:
@@ -504,7 +532,11 @@ class TorchUpdatePanel(UpdatePanel):
             return self._host_ratios()
         torch = require_torch()
         buffers = [self._before[name] for name, _ in self._copied]
-        torch._foreach_sub_(buffers, [p.detach() for _, p in self._copied])    # each buffer now holds −Δw, in float64
+        weights = [p.detach() for _, p in self._copied]
+        if self._scales is None:
+            torch._foreach_sub_(buffers, weights)                  # each buffer now holds −Δw, in float64
+        else:                                                      # −Δw in the same units as the norm of w: the ratio is unchanged
+            torch._foreach_addcmul_(buffers, weights, self._scales, value=-1)
         for (name, _), change in zip(self._copied, torch._foreach_norm(buffers)):
             finish = functools.partial(ratio_points, f"updates/{name}/ratio")
             self.record(None, Later(finish, (change, self._norms[name])))
@@ -513,8 +545,13 @@ class TorchUpdatePanel(UpdatePanel):
     def _host_ratios(self) -> None:
         "The ratios of CPU weights: Σ(Δw)² and Σw² by one compiled pass over the copy and the weights, in place."
         for name, p in self._copied:
-            change, before = self.ops.differences(self._before[name].numpy().reshape(-1), p.detach().numpy().reshape(-1))
-            (point,) = ratio_points(f"updates/{name}/ratio", math.sqrt(change), math.sqrt(before))
+            before, after = self._before[name].numpy().reshape(-1), p.detach().numpy().reshape(-1)
+            change, size = self.ops.differences(before, after)       # Σ(Δw)² and Σw²
+            if plain_squares(change) and plain_squares(size):
+                change, size = math.sqrt(change), math.sqrt(size)
+            else:       # float64 weights near 1e±150 (or no change at all): NumPy's norms, scaled where they must be
+                change, size = NumpyNorms().change_norm(after, before), NumpyNorms().norm(before)
+            (point,) = ratio_points(f"updates/{name}/ratio", change, size)
             self.record(*point)
         self._copied = []
 

@@ -724,3 +724,36 @@ def test_snapshot_strict_as_a_minitrain_inspector_gives_it():
     assert set(loose) == set(strict) and loose
     assert any(isinstance(v, dict) and v.get("$float") == "NaN" for stats in strict.values() for v in stats.values())
     inspector.remove_all()
+
+
+@pytest.mark.parametrize("route", ["host", "device"])
+@pytest.mark.parametrize("scale", [1e-200, 1.0, 1e200])
+def test_update_ratios_of_float64_weights_at_the_ends_of_the_range(route, scale):
+    "Float64 weights whose squares leave float64 (1e±200): the ratio is still ‖Δw‖/‖w‖ to a few roundings, on both routes."
+    from fractions import Fraction
+    torch.manual_seed(0)
+    model = nn.Linear(30, 4).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with Inspector(model, optimizer=opt, schedules=EVERY_STEP).attach() as insp:
+        if route == "device":
+            insp.ops.differences = None          # the _foreach route, as on a GPU or without numba
+        elif insp.ops.differences is None:
+            pytest.skip("numba is not installed: no compiled difference pass")
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.zero_grad()
+        for p in model.parameters():
+            p.grad = p.detach() * torch.randn_like(p)       # a step of about 1e-3 of each weight
+        opt.step()
+    for name, p in model.named_parameters():
+        change = [Fraction(a) - Fraction(b) for a, b in zip(p.detach().view(-1).tolist(), before[name].view(-1).tolist())]
+        weights = [Fraction(b) for b in before[name].view(-1).tolist()]
+        exact = math.sqrt(float(sum(d * d for d in change) / sum(w * w for w in weights)))
+        assert insp.history.get(f"updates/{name}/ratio")[1][-1] == pytest.approx(exact, rel=1e-12)
+    from minitrain_inspect.torch_inspect import TorchNorms
+    ops = TorchNorms()
+    w = before["weight"]
+    squares = sum((Fraction(v) / Fraction(scale)) ** 2 for v in w.view(-1).tolist())     # in units of `scale`: a float
+    assert ops.norm(w).item() / scale == pytest.approx(math.sqrt(float(squares)), rel=1e-12)
