@@ -39,7 +39,7 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'as_matrix', 'TorchSpectralNorm', 'lane_row', 'power_scales', 'scaled_norm', 'TorchNorms', 'TorchOps',
            'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel',
            'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points',
-           'plain_squares', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
+           'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
            'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
            'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
            'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
@@ -498,6 +498,13 @@ def plain_squares(total: float) -> bool:
     return 2.0 ** -960 <= total <= 2.0 ** 960
 
 
+def stepped_params(params, optimizer) -> list:
+    """The `(name, parameter)` pairs of `params` that `optimizer` steps now: in one of its groups and requiring grad. Asked
+    at each due step, so a layer unfrozen later, or added by `add_param_group`, is measured from then on."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [(name, p) for name, p in params if id(p) in ids and p.requires_grad]
+
+
 def host_weights(p) -> bool:
     "Whether `10a_speed`'s difference pass can read parameter `p` in place: a contiguous float32/float64 CPU tensor."
     torch = require_torch()
@@ -511,7 +518,7 @@ class TorchUpdatePanel(UpdatePanel):
     pass afterwards (`speed.difference_kernel`), host numbers at once."""
 
     def on_step_begin(self, params, optimizer) -> None:
-        self._copied = list(params)
+        self._copied = stepped_params(params, optimizer)
         kernel = getattr(self.ops, "differences", None)
         self._on_host = kernel is not None and all(host_weights(p) for _, p in self._copied)
         buffers = [self._buffer(name, p) for name, p in self._copied]
@@ -883,7 +890,7 @@ class TorchStepHooks:
         if self._optimizer_hooked:
             raise ValueError("this Inspector already watches an optimizer; it counts steps by one optimizer's steps")
         updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self._update_params = [(n, p) for n, p in self.params if id(p) in updated and p.requires_grad]
+        self._update_params = list(self.params)   # the update panel takes those the optimiser steps (`stepped_params`)
         frozen = [n for n, p in self.params if not (id(p) in updated and p.requires_grad)]
         if frozen:
             self.note(f"updates: {', '.join(frozen)} not updated by the optimiser (frozen): no update ratio")
@@ -986,9 +993,8 @@ class TorchAttach:
         self.model = model
         for label, module in watched_modules(model, self._module_names):
             self.register_forward(label, module)
-        for name, param in self.params:
-            if param.requires_grad:
-                self.register_backward(name, param)
+        for name, param in self.params:     # frozen ones too: a frozen parameter has no gradient, one unfrozen later has
+            self.register_backward(name, param)
         if is_torch_module(self.loss_fn):
             self.register_loss(self.loss_fn)
         elif self.loss_fn is not None:

@@ -757,3 +757,24 @@ def test_update_ratios_of_float64_weights_at_the_ends_of_the_range(route, scale)
     w = before["weight"]
     squares = sum((Fraction(v) / Fraction(scale)) ** 2 for v in w.view(-1).tolist())     # in units of `scale`: a float
     assert ops.norm(w).item() / scale == pytest.approx(math.sqrt(float(squares)), rel=1e-12)
+
+
+def test_a_layer_unfrozen_later_is_measured_from_then_on():
+    "Gradual unfreezing: a frozen layer (no gradient, not in the optimiser) unfrozen mid-run, added by add_param_group."
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    with Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss(), schedules=EVERY_STEP).attach() as insp:
+        for step in range(6):
+            if step == 3:
+                model[0].requires_grad_(True)
+                opt.add_param_group({"params": model[0].parameters()})
+            opt.zero_grad()
+            insp.loss_fn(model(x), y).backward()
+            opt.step()
+    for key in ("updates/0.weight/ratio", "gradients/0.weight/l2"):
+        steps, values = insp.history.get(key)
+        assert steps.tolist() == [3, 4, 5] and np.all(values > 0), (key, steps, values)
+    assert insp.history.get("updates/2.weight/ratio")[0].tolist() == list(range(6))
