@@ -17,19 +17,25 @@ from .stats import (FLOAT64_MAX, MAX_JSON_DEPTH, _as_numeric_array, all_finite, 
                                     check_int, has_nan, sum_of_squares, to_jsonable)
 
 # %% auto #0
-__all__ = ['MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES', 'NONFINITE_VALUES',
-           'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'META_SHAPES', 'SATURATION', 'UNIT_KINDS',
-           'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries', 'BoundedSeries',
-           'to_strict_json', 'from_strict_json', 'HistoryFiles', 'series_bin_edges', 'HistoryTables', 'History',
-           'check_meta', 'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram', 'histogram_edges',
-           'fixed_histogram', 'unit_summary']
+__all__ = ['MAX_STEP', 'MAX_POINTS_LIMIT', 'HISTORY_FORMAT', 'HISTORY_VERSION', 'HISTORY_READS', 'MAX_HISTORY_BYTES',
+           'NONFINITE_VALUES', 'FLOAT_TAG', 'PANDAS_HINT', 'SCALAR_COLUMNS', 'HISTOGRAM_COLUMNS', 'META_SHAPES',
+           'SATURATION', 'UNIT_KINDS', 'ACTIVATION_RANGES', 'Every', 'LogSchedule', 'as_schedule', 'ThinnedSeries',
+           'BoundedSeries', 'to_strict_json', 'from_strict_json', 'HistoryFiles', 'series_bin_edges', 'HistoryTables',
+           'History', 'check_meta', 'SpectralNorm', 'power_iteration', 'UnitHealth', 'unit_health', 'Histogram',
+           'histogram_edges', 'fixed_histogram', 'unit_summary']
 
 # %% ../nbs/09_panels.ipynb #0f02476e
+MAX_STEP = 2 ** 63 - 1     # steps are read back as int64 arrays (`History.get`, the dashboard, pandas)
+
+
 def _check_step(step) -> int:
-    "A step number: a non-negative integer (not a bool)."
-    if type(step) is int and step >= 0:  # the common case, checked first because schedules run on every step
+    "A step number: a non-negative integer (not a bool) that int64 holds."
+    if type(step) is int and 0 <= step <= MAX_STEP:  # the common case, checked first because schedules run on every step
         return step
-    return check_int(step, "a step", minimum=0)
+    step = check_int(step, "a step", minimum=0)
+    if step > MAX_STEP:
+        raise ValueError(f"a step must be at most 2**63 - 1 (steps are kept as int64), got {step}")
+    return step
 
 # %% ../nbs/09_panels.ipynb #64bbae75
 class Every:
@@ -598,9 +604,9 @@ def _check_steps(where: str, key: str, steps: list, values: list, max_points: in
                          f"{max_points}")
     previous = -1
     for step in steps:
-        if type(step) is not int or step <= previous:
-            raise ValueError(f"{where}: series {key!r}: steps must be strictly increasing non-negative integers, "
-                             f"got {step!r} after {previous if previous >= 0 else 'the start'}")
+        if type(step) is not int or step <= previous or step > MAX_STEP:
+            raise ValueError(f"{where}: series {key!r}: steps must be strictly increasing non-negative integers up to "
+                             f"2**63 - 1, got {step!r} after {previous if previous >= 0 else 'the start'}")
         previous = step
 
 

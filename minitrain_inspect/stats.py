@@ -102,6 +102,11 @@ def _as_numeric_array(x) -> np.ndarray:
     if x.dtype.kind == "b":
         x = x.astype(np.uint8)
     refuse_longdouble(x.dtype)      # longdouble: more range and digits than float64 holds
+    if x.dtype.kind in "iu" and x.dtype.itemsize == 8 and x.size:    # 64-bit integers: exact in float64 up to 2**53 only
+        lo, hi = int(np.minimum.reduce(x, axis=None)), int(np.maximum.reduce(x, axis=None))
+        if max(hi, -lo) > 2 ** 53:
+            raise ValueError(f"statistics accumulate in float64, which holds integers exactly only up to 2**53, got "
+                             f"{hi if hi > -lo else lo} in dtype {x.dtype}; convert with .astype(np.float64) to accept the rounding")
     return x
 
 # %% ../nbs/08_stats.ipynb #7f3de1bb

@@ -504,3 +504,21 @@ def test_a_snapshot_round_trips_told_apart_through_strict_json():
     back = panels.from_strict_json(json.loads(text, parse_constant=lambda token: pytest.fail(token)))["mlp.fc1"]
     assert math.isnan(back["mean"]) and (back["min"], back["max"], back["var"]) == (math.inf, -math.inf, FLOAT64_MAX)
     assert back["shape"] == [2.0, math.inf] and back["saturated"] == "var" and back["n"] == 0
+
+
+def test_a_step_beyond_int64_is_refused_when_recorded_and_when_loaded(tmp_path):
+    "A step of 2**63 or more was accepted, saved and loaded, then broke get(), the dashboard and pandas (int64 arrays)."
+    h = History()
+    h.record("loss/train", 0, 1.0)
+    for step in (2 ** 63, 10 ** 30):
+        with pytest.raises(ValueError, match=r"a step must be at most 2\*\*63 - 1"):
+            h.record("loss/train", step, 2.0)
+    h.record("loss/train", 2 ** 63 - 1, 2.0)           # the largest step int64 holds is fine
+    assert h.get("loss/train")[0].tolist() == [0, 2 ** 63 - 1]
+    path = h.save_jsonl(tmp_path / "run.jsonl")
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[1])
+    row["steps"][-1] = row["last_step"] = 2 ** 63
+    (tmp_path / "big.jsonl").write_text("\n".join([lines[0], json.dumps(row)] + lines[2:]) + "\n")
+    with pytest.raises(ValueError, match=r"big\.jsonl, line 2: series 'loss/train': steps must be .* up to 2\*\*63 - 1, got 9223372036854775808"):
+        History.load_jsonl(tmp_path / "big.jsonl")

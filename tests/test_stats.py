@@ -493,3 +493,16 @@ def test_scratch_size_refuses_a_bad_count():
         with pytest.raises(error, match="n must"):
             scratch_size(bad)
     assert scratch_size(0) == 1 and scratch_size(4096) == 4096 and scratch_size(4097) == 4098
+
+
+@pytest.mark.parametrize("values, dtype", [([2 ** 53 + 1, 5], np.int64), ([-(2 ** 62) - 1, 0], np.int64),
+                                           ([2 ** 64 - 1, 2 ** 64 - 2], np.uint64)])
+def test_64_bit_integers_float64_cannot_hold_are_refused(values, dtype):
+    "Their extremes would come back rounded (2**53 + 1 as 2**53): refused by name, not silently rounded."
+    with pytest.raises(ValueError, match="exactly only up to 2\\*\\*53"):
+        tensor_moments(np.array(values, dtype=dtype))
+
+
+def test_64_bit_integers_within_2_to_the_53_are_exact():
+    tm = tensor_moments(np.array([2 ** 53, -(2 ** 53), 7], dtype=np.int64))
+    assert (tm.min, tm.max, tm.n) == (-(2 ** 53), 2 ** 53, 3)
