@@ -1066,6 +1066,8 @@ def _all_panels(builtin: list[Panel], extra, schedules: dict | None, ops, clock)
     replacing = {p.name: p for p in extra}     # a panel named as a built-in one takes its place
     panels = [replacing.pop(p.name, p) for p in builtin] + [p for p in extra if p.name in replacing]
     names = [p.name for p in panels]
+    if schedules is not None and not isinstance(schedules, dict):
+        raise TypeError(f"schedules must be a dict {{panel: schedule}}, got {schedules!r}")
     for name, spec in (schedules or {}).items():
         if name not in names:
             raise ValueError(f"unknown panel {name!r}; the panels are {tuple(names)}")

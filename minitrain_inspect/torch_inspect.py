@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import reprlib
 import statistics
 import sys
 import tempfile
@@ -43,11 +44,11 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
            'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
            'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
-           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
-           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+           'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval',
+           'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint',
+           'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width',
+           'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms',
+           'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -471,7 +472,12 @@ class TorchGroupLossPanel(PerClassPanel):
             raise ValueError(f"the batch was labelled with {groups.numel()} groups but the loss has {per_example.numel()} examples")
         if groups.device != per_example.device:        # labels made on the host go to the loss's device (no sync)
             groups = groups.to(per_example.device, non_blocking=True)
-        sums, counts = group_sums(per_example, groups, len(names))
+        try:
+            sums, counts = group_sums(per_example, groups, len(names))
+        except IndexError:      # on the host PyTorch checks the labels as it adds (a GPU asserts on the device instead)
+            bad = groups[(groups < 0) | (groups >= len(names))]
+            raise ValueError(f"group labels must lie in 0..{len(names) - 1}, one per name in {list(names)}, "
+                             f"got {bad[0].item() if bad.numel() else 'a label out of range'}") from None
         if self._sums_step == self.step:        # a second loss call in the step: the step's mean over both
             sums, counts = sums + self._sums[0], counts + self._sums[1]
         self._sums, self._sums_step = (sums, counts), self.step
@@ -595,9 +601,9 @@ def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
     def hook(module, args, output):
         ### BEGIN SOLUTION
+        inspector._fired[name] = inspector._fired.get(name, 0) + 1     # it fired, in any mode
         if not module.training:
             return
-        inspector._fired[name] = inspector._fired.get(name, 0) + 1
         due = inspector._due["on_forward"]
         if due:                 # most steps no panel is due: only the count above
             inspector._measure(due, "on_forward", name, module, output)
@@ -755,11 +761,13 @@ class TorchFired:
     "Noticing the expected forward hooks that did not fire in a training step."
 
     def _check_fired(self) -> None:
-        if self._expected is not None and self._fired.keys() == self._expected:
+        if self._expected and self._fired.keys() == self._expected:
             return      # the usual step: exactly the hooks expected fired (what follows would find nothing to say)
         watched = [n for n, h in self._live.items() if self.kinds.get(n) == "activation" and h.active]
         first = self._expected is None
         self._expected, missing = missing_hooks(self._expected, self._fired, watched)
+        if not first and not self._expected:     # none has fired since step 0 (a compiled model): all are still missing
+            missing = set(watched)
         silent = sorted(set(watched) - self._expected) if first and self._expected else []
         if silent:
             self.note(f"activations: {', '.join(silent)} not called as modules at step {self.step} (used as functions "
@@ -909,11 +917,25 @@ class TorchLoss:
         labels, self._labels = self._labels, None          # labels serve one batch only
         if not self._enabled:
             return
+        torch = require_torch()
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"record_loss needs the batch loss as a tensor of one value, got {reprlib.repr(loss)}")
+        if per_example is not None and not isinstance(per_example, torch.Tensor):
+            raise TypeError(f"per_example must be a tensor of the batch's per-example losses, got {type(per_example).__name__}")
         training = self._model_training()
         panels = self._due["on_loss"] if training else self._listeners["on_loss"]
         self._measure(panels, "on_loss", loss, per_example, labels if training else None, training)
 
 # %% ../nbs/14a_torch.ipynb #0174461b
+def check_group_names(names: tuple) -> tuple:
+    "The group names as checked history names, each once: two groups under one name would write over each other."
+    checked = tuple(check_name(str(n)) for n in names)
+    repeated = sorted({n for n in checked if checked.count(n) > 1})
+    if repeated:
+        raise ValueError(f"group names must be distinct, got {repeated[0]!r} more than once in {list(checked)}")
+    return checked
+
+
 class TorchLabels:
     "Group labels for the per-group loss panel."
 
@@ -927,9 +949,11 @@ class TorchLabels:
                 raise TypeError(f"groups must be an integer tensor of labels 0..N-1, got dtype {groups.dtype}")
             if names is None:
                 raise ValueError("label_batch(groups, names=...): a tensor of labels 0..N-1 needs the N group names")
+            if isinstance(names, (str, bytes)):
+                raise TypeError(f"names must be a sequence of N group names, not one string, got {names!r}")
             key = tuple(names)
             if key != self._label_names[0]:         # the same names as last time: checked already
-                self._label_names = (key, tuple(check_name(str(n)) for n in key))
+                self._label_names = (key, check_group_names(key))
             if groups.dim() != 1 or groups.dtype != torch.long:
                 groups = groups.reshape(-1).long()
             self._labels = (groups, self._label_names[1])
@@ -1138,13 +1162,17 @@ class TorchScaler:
         return self._keep_extra(ScalerHandle(scaler))
 
     def _skipped_step(self) -> None:
-        self.history.record("steps/skipped", self.step, 1.0)
+        skipped = self.history.series.get("steps/skipped")
+        again = skipped is not None and skipped.steps[-1] == self.step      # a second skip at the same step: counted
+        self.history.record("steps/skipped", self.step, skipped.values[-1] + 1.0 if again else 1.0)
         self.note("steps skipped by the GradScaler (inf or NaN gradients) are in steps/skipped; "
                   "their measurements are replaced by the retry's")
         self._fired = {}
         self._drop_tensor_hooks()
         if isinstance(self._by_name.get("loss"), TorchLossPanel):
             self._by_name["loss"]._running = (None, 0.0, 0)     # the retry's loss alone is the step's loss
+        if isinstance(self._by_name.get("per_class"), TorchGroupLossPanel):
+            self._by_name["per_class"]._sums_step = None         # and its groups' losses alone
 
 # %% ../nbs/14a_torch.ipynb #0a0af07f
 class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchLoss, TorchModuleHooks,

@@ -778,3 +778,81 @@ def test_a_layer_unfrozen_later_is_measured_from_then_on():
         steps, values = insp.history.get(key)
         assert steps.tolist() == [3, 4, 5] and np.all(values > 0), (key, steps, values)
     assert insp.history.get("updates/2.weight/ratio")[0].tolist() == list(range(6))
+
+
+# ---------------------------------------------------------------- found by an adversarial test (this session)
+def test_group_labels_and_losses_are_checked_by_name():
+    model, opt = build("mlp")
+    insp = Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="distinct, got 'a' more than once"):
+        insp.label_batch(torch.tensor([0, 1, 2, 0]), names=["a", "a", "c"])     # two groups would share per_class/a
+    with pytest.raises(TypeError, match="not one string"):
+        insp.label_batch(torch.tensor([0, 1]), names="ab")
+    insp.attach()
+    for bad, shown in ((torch.tensor([0, 1, 3]), "got 3"), (torch.tensor([0, -1, 1]), "got -1")):
+        insp.label_batch(bad, names=["a", "b", "c"])      # checked where they are used, with no host sync in the step
+        with pytest.raises(ValueError, match=f"must lie in 0..2, .* {shown}"):
+            insp.record_loss(torch.tensor(1.0), torch.ones(3))
+    insp.remove_all()
+    for bad in (1.5, torch.tensor([1.0, 2.0])):
+        with pytest.raises(TypeError, match="tensor of one value"):
+            insp.record_loss(bad)
+    with pytest.raises(TypeError, match="schedules must be a dict"):
+        Inspector(model, optimizer=opt, schedules="every")
+
+
+def test_a_module_kept_in_eval_mode_is_not_reported_missing():
+    "A BatchNorm frozen in eval mode inside a training model still fires: no 'did not fire' warning."
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 6), torch.randint(0, 2, (16,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with Inspector(model, optimizer=opt, loss_fn=nn.CrossEntropyLoss()).attach() as insp:
+            for step in range(5):
+                if step == 2:
+                    model[1].eval()
+                opt.zero_grad()
+                insp.loss_fn(model(x), y).backward()
+                opt.step()
+    assert not insp.history.keys("hooks/missing")
+
+
+def test_hooks_that_never_fire_are_recorded_missing_at_every_step():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    with pytest.warns(RuntimeWarning, match="3 of 3 forward hooks did not fire at step 0"):
+        with Inspector(model, optimizer=opt).attach() as insp:
+            for _ in range(4):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model[2].forward(model[1].forward(model[0].forward(x))), y).backward()   # no module called
+                opt.step()
+    assert insp.history.get("hooks/missing")[0].tolist() == [0, 1, 2, 3]
+
+
+def test_steps_the_scaler_skips_leave_no_per_group_loss_behind():
+    "Two steps skipped at step 0: counted 2, and per_class/a at step 0 is the retry's own group mean (was all three batches')."
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt, loss_fn = torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(reduction="none")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1e38)          # float32 gradients overflow: the first steps are skipped
+    group_a = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            insp.register_scaler(scaler)
+            for i in range(4):
+                x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+                insp.label_batch(y, names=["a", "b", "c"])
+                opt.zero_grad()
+                per = loss_fn(model(x), y)
+                group_a.append(per.detach().double()[[0, 3]].mean().item())
+                scaler.scale(per.mean() * (1e3 if i < 2 else 1)).backward()
+                scaler.step(opt)
+                scaler.update()
+    steps, counts = insp.history.get("steps/skipped")
+    assert steps.tolist() == [0] and counts.tolist() == [2.0]
+    steps, values = insp.history.get("per_class/a")
+    assert steps.tolist() == [0, 1] and values.tolist() == pytest.approx([group_a[2], group_a[3]], rel=1e-12)
