@@ -43,12 +43,12 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
            'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
            'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
-           'recomputed_per_example', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss',
-           'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval',
-           'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint',
-           'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width',
-           'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms',
-           'draw_stuck_units', 'classic_plots']
+           'recomputed_per_example', 'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks',
+           'TorchLoss', 'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
+           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave',
+           'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun',
+           'measure_width', 'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field',
+           'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -437,13 +437,18 @@ class TorchLossPanel(LossPanel):
         Records.flush(self, history)      # each call recorded its point already
 
 # %% ../nbs/14a_torch.ipynb #add5e089
-def group_sums(per_example, groups, count: int) -> tuple:
-    "Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors."
+def group_sums(per_example, groups, count: int, kept=None) -> tuple:
+    """Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors.
+    `kept`, a boolean mask or None: only those examples count (the others, ignored by the loss, add nothing)."""
     torch = require_torch()
     values = per_example.detach()
     values = (values if values.dim() == 1 else values.reshape(-1)).to(torch.float64)
+    if kept is None:
+        ones = torch.ones_like(values)
+    else:
+        ones, values = kept.to(torch.float64), torch.where(kept, values, 0.0)
     sums = values.new_zeros(count).index_add_(0, groups, values)
-    return sums, values.new_zeros(count).index_add_(0, groups, torch.ones_like(values))
+    return sums, values.new_zeros(count).index_add_(0, groups, ones)
 
 # %% ../nbs/14a_torch.ipynb #f7672883
 def group_points(names: tuple, sums: list, counts: list) -> list:
@@ -467,13 +472,13 @@ class TorchGroupLossPanel(PerClassPanel):
         if labels is None:
             return self.note(UNLABELLED_NOTE) if self._labelled_at != self.step else None
         self._labelled_at = self.step
-        groups, names = labels
+        groups, names, kept = labels if len(labels) == 3 else (*labels, None)     # kept: see `ignored_examples`
         if groups.numel() != per_example.numel():
             raise ValueError(f"the batch was labelled with {groups.numel()} groups but the loss has {per_example.numel()} examples")
         if groups.device != per_example.device:        # labels made on the host go to the loss's device (no sync)
             groups = groups.to(per_example.device, non_blocking=True)
         try:
-            sums, counts = group_sums(per_example, groups, len(names))
+            sums, counts = group_sums(per_example, groups, len(names), kept)
         except IndexError:      # on the host PyTorch checks the labels as it adds (a GPU asserts on the device instead)
             bad = groups[(groups < 0) | (groups >= len(names))]
             raise ValueError(f"group labels must lie in 0..{len(names) - 1}, one per name in {list(names)}, "
@@ -834,9 +839,22 @@ def recomputed_per_example(module, args):
                                                  ignore_index=module.ignore_index, label_smoothing=module.label_smoothing)
 
 
+def kept_examples(module, args, labels):
+    """The labels with, as a third item, the mask of the examples a `CrossEntropyLoss` or `NLLLoss` does not ignore
+    (target != `ignore_index`): an ignored example's loss is 0 and must not count in its group. Else the labels as given."""
+    torch = require_torch()
+    if labels is None or type(module).__name__ not in ("CrossEntropyLoss", "NLLLoss") or len(args) < 2:
+        return labels
+    target = args[1]
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() != labels[0].numel():
+        return labels       # class probabilities (nothing ignored), or not one target per labelled example
+    return (*labels[:2], target.reshape(-1) != module.ignore_index)
+
+
 def torch_loss_hook(inspector) -> Callable:
     "The loss module's forward hook: the batch loss, and per-example losses (its own, or recomputed when groups are due)."
     def hook(module, args, output):
+        inspector._labels = kept_examples(module, args, inspector._labels)
         if output.dim() > 0:                      # reduction='none': the per-example losses themselves
             return inspector.record_loss(output.detach().double().mean(), output)
         groups = inspector._by_name.get("per_class")

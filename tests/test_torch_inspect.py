@@ -856,3 +856,23 @@ def test_steps_the_scaler_skips_leave_no_per_group_loss_behind():
     assert steps.tolist() == [0] and counts.tolist() == [2.0]
     steps, values = insp.history.get("per_class/a")
     assert steps.tolist() == [0, 1] and values.tolist() == pytest.approx([group_a[2], group_a[3]], rel=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_examples_the_loss_ignores_do_not_count_in_their_group(reduction):
+    "ignore_index: an ignored example's loss is 0; counted in its group it halved per_class/g here (was 0.6408 for 1.2817)."
+    torch.manual_seed(0)
+    model, loss_fn = nn.Linear(4, 3), nn.CrossEntropyLoss(ignore_index=-100, reduction=reduction)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, -100, -100, -100])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+            insp.label_batch(torch.tensor([0, 1, 0, 0, 1, 1]), names=["g", "h"])
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            (loss.mean() if reduction == "none" else loss).backward()
+            opt.step()
+    per = nn.functional.cross_entropy(model(x)[:3], y[:3], reduction="none").double()
+    assert insp.history.get("per_class/g")[1].tolist() == pytest.approx([per[[0, 2]].mean().item()], rel=1e-12)
+    assert insp.history.get("per_class/h")[1].tolist() == pytest.approx([per[1].item()], rel=1e-12)
