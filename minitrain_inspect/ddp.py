@@ -31,8 +31,8 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'MAX_RANK_SERIES', 'FAILURE_KEY',
-           'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'residual_row', 'DDPOps',
-           'row_moments', 'merge_rows', 'merged_numbers', 'numbers_moments', 'merge_row_block', 'unit_counts',
+           'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'check_counts', 'residual_row',
+           'DDPOps', 'row_moments', 'merge_rows', 'merged_numbers', 'numbers_moments', 'merge_row_block', 'unit_counts',
            'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
            'merged_points', 'fixed_points', 'rank_mean', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows',
            'sum_across', 'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows',
@@ -45,6 +45,14 @@ __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'M
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
 ROW_WIDTH = 8   # n, mean, ‖x − mean‖, min, max, non-finite count, NaN count, residual sum(x - mean) over the finite values
+
+
+def check_counts(rows: np.ndarray) -> None:
+    "Rows (the last axis `ROW_WIDTH` numbers) whose counts n, non-finite and NaN are whole numbers >= 0; else a ValueError."
+    counts = rows[..., [0, 5, 6]]
+    whole = (counts >= 0) & (counts == np.floor(counts))      # NaN fails both
+    if not np.all(whole):
+        raise ValueError(f"a row's counts (n, non-finite, NaN) must be whole numbers >= 0, got {float(counts[~whole][0])}")
 
 
 def residual_row(x):
@@ -88,6 +96,8 @@ def _merged(rows, shift: float) -> TensorMoments:
 
 def merge_rows(rows) -> TensorMoments:
     "The moments of the union of the ranks' data, from their rows (`residual_row`, on the host), merged in the order given."
+    if len(rows):
+        check_counts(np.asarray(rows, dtype=np.float64).reshape(len(rows), ROW_WIDTH))
     shift = next((float(r[1]) for r in rows if r[0] > 0), 0.0)
     total = _merged(rows, shift)
     if not math.isfinite(total.mean):
@@ -111,6 +121,7 @@ def merged_numbers(block) -> tuple:
         raise ValueError(f"merge_row_block needs one row of {ROW_WIDTH} numbers per tensor from each of at least one rank, "
                          f"got an array of shape {rows.shape}")
     rows = rows.reshape(len(rows), -1, ROW_WIDTH)
+    check_counts(rows)
     n, norm, residual, has = rows[..., 0], rows[..., 2], rows[..., 7], rows[..., 0] > 0
     shift = np.where(has.any(axis=0), rows[has.argmax(axis=0), np.arange(rows.shape[1]), 1], 0.0)
     size = np.where(has, n, 1.0)

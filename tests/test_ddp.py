@@ -386,3 +386,13 @@ def test_worker_command_exits_at_once_but_ddp_worker_main_returns():
     from minitrain_inspect.ddp import ddp_worker_main, worker_command
     assert "os._exit(0)" in worker_command({"rank": 0})[2]
     assert "_exit" not in inspect.getsource(ddp_worker_main)
+
+
+@pytest.mark.parametrize("n", [-1.0, 2.5, math.nan])
+def test_rows_with_counts_that_are_not_counts_are_refused(n):
+    "A corrupted row (n = -1, 2.5 or NaN) was merged into nonsense; both merges refuse it by name."
+    row = [n, 1.0, 0.0, 1.0, 1.0, 0, 0, 0.0]
+    with pytest.raises(ValueError, match="must be whole numbers >= 0"):
+        merge_rows([row])
+    with pytest.raises(ValueError, match="must be whole numbers >= 0"):
+        merge_row_block(np.array([row]))
