@@ -1019,7 +1019,7 @@ def _adapter_hint(value) -> str:
         if framework == "torch" else ""
 
 
-def _check_kinds(model, optimizer, loss_fn, clock, flags: dict, schedules) -> None:
+def _check_kinds(model, optimizer, loss_fn, clock, flags: dict) -> None:
     "Refuse, naming it, an argument of the wrong kind."
     for label, value, kind in (("model", model, Module), ("optimizer", optimizer, Optimizer), ("loss_fn", loss_fn, Module)):
         if value is not None and not isinstance(value, kind):
@@ -1029,8 +1029,6 @@ def _check_kinds(model, optimizer, loss_fn, clock, flags: dict, schedules) -> No
     for label, flag in flags.items():
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{label} must be True or False, got {flag!r}")
-    if schedules is not None and not isinstance(schedules, dict):
-        raise TypeError(f"schedules must be a dict {{panel: schedule}}, got {schedules!r}")
 
 
 OPS_METHODS = ("moments", "units", "spectral", "norm", "copy", "change_norm")   # the array interface the panels measure through
@@ -1095,7 +1093,7 @@ class Inspector(InspectorRun, InspectorUndo, InspectorHooks, InspectorReset, Ins
                  budget: float | None = None, max_points: int = 512, histogram_bins: int = 40,
                  per_class_by: str = "lexicon", budget_window: int = 20, panels=(), ops=None, exact: bool = False,
                  clock: Callable[[], float] = time.perf_counter):
-        _check_kinds(model, optimizer, loss_fn, clock, {"enabled": enabled, "exact": exact}, schedules)
+        _check_kinds(model, optimizer, loss_fn, clock, {"enabled": enabled, "exact": exact})
         self.model, self.optimizer, self.loss_fn, self.clock = model, optimizer, loss_fn, clock
         self.params, self._params_given = _named_params(model, params), params is not None
         self._budget_args = (budget, check_int(budget_window, "budget_window", 1))

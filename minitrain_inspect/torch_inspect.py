@@ -472,7 +472,7 @@ class TorchGroupLossPanel(PerClassPanel):
         if labels is None:
             return self.note(UNLABELLED_NOTE) if self._labelled_at != self.step else None
         self._labelled_at = self.step
-        groups, names, kept = labels if len(labels) == 3 else (*labels, None)     # kept: see `ignored_examples`
+        groups, names, kept = labels if len(labels) == 3 else (*labels, None)     # kept: see `kept_examples`
         if groups.numel() != per_example.numel():
             raise ValueError(f"the batch was labelled with {groups.numel()} groups but the loss has {per_example.numel()} examples")
         if groups.device != per_example.device:        # labels made on the host go to the loss's device (no sync)
@@ -568,7 +568,8 @@ class TorchUpdatePanel(UpdatePanel):
             if plain_squares(change) and plain_squares(size):
                 change, size = math.sqrt(change), math.sqrt(size)
             else:       # float64 weights near 1e±150 (or no change at all): NumPy's norms, scaled where they must be
-                change, size = NumpyNorms().change_norm(after, before), NumpyNorms().norm(before)
+                norms = NumpyNorms()
+                change, size = norms.change_norm(after, before), norms.norm(before)
             (point,) = ratio_points(f"updates/{name}/ratio", change, size)
             self.record(*point)
         self._copied = []
@@ -854,11 +855,12 @@ def kept_examples(module, args, labels):
 def torch_loss_hook(inspector) -> Callable:
     "The loss module's forward hook: the batch loss, and per-example losses (its own, or recomputed when groups are due)."
     def hook(module, args, output):
-        inspector._labels = kept_examples(module, args, inspector._labels)
-        if output.dim() > 0:                      # reduction='none': the per-example losses themselves
-            return inspector.record_loss(output.detach().double().mean(), output)
         groups = inspector._by_name.get("per_class")
         wanted = inspector._labels is not None and groups is not None and groups.active and inspector._enabled
+        if wanted:                                # the groups are measured at this step: mark what the loss ignores
+            inspector._labels = kept_examples(module, args, inspector._labels)
+        if output.dim() > 0:                      # reduction='none': the per-example losses themselves
+            return inspector.record_loss(output.detach().double().mean(), output)
         per_example = recomputed_per_example(module, args) if wanted else None
         if per_example is not None:
             inspector.note(RECOMPUTED_NOTE)
