@@ -41,14 +41,14 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel',
            'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points',
            'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
-           'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message',
-           'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps',
-           'recomputed_per_example', 'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks',
-           'TorchLoss', 'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach',
-           'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave',
-           'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun',
-           'measure_width', 'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field',
-           'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'recomputing', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
+           'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired',
+           'TorchSteps', 'recomputed_per_example', 'kept_examples', 'torch_loss_hook', 'TorchModuleHooks',
+           'TorchStepHooks', 'TorchLoss', 'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params',
+           'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
+           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
+           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
+           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -602,6 +602,11 @@ def torch_panels(stats: dict, bins: int) -> list:
             TorchGradientPanel(d["gradients"], stats), TorchUpdatePanel(d["updates"]), TorchSpectralPanel(d["spectral"]),
             TorchUnitPanel(d["units"], bins), TorchGroupLossPanel(d["per_class"])]
 
+# %% ../nbs/14a_torch.ipynb #31d6fa84
+def recomputing() -> bool:
+    "True while autograd runs a backward pass: a module's forward there is checkpointing's recomputation of one seen already."
+    return sys.modules["torch"]._C._current_graph_task_id() != -1
+
 # %% ../nbs/14a_torch.ipynb #5b0408f9
 def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
@@ -611,7 +616,7 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         if not module.training:
             return
         due = inspector._due["on_forward"]
-        if due:                 # most steps no panel is due: only the count above
+        if due and not recomputing():    # most steps no panel is due: only the count above
             inspector._measure(due, "on_forward", name, module, output)
         if inspector._due["on_grad_output"]:
             inspector._hook_output(name, module, output)
