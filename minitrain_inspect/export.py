@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from bisect import bisect_right
 from pathlib import Path
@@ -19,13 +20,16 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .core import sigint_deferred
 from .inspect import Panel
 from .panels import HISTOGRAM_COLUMNS, SCALAR_COLUMNS, BoundedSeries, Every, History, series_bin_edges
 from .stats import atomic_write_text, check_int, check_output_path
 
 # %% auto #0
-__all__ = ['TENSORBOARD_HINT', 'EXPORT_SINKS', 'SaveHistory', 'run_state', 'points_after', 'CsvSink', 'histogram_proto_args',
-           'TensorBoardSink', 'ExportSummary', 'export_history', 'add_export_command', 'run_export', 'export_main']
+__all__ = ['TENSORBOARD_HINT', 'EVENT_SUFFIX', 'FLOAT32_MAX', 'FLOAT32_TINY', 'EXPORT_SINKS', 'SaveHistory', 'run_state',
+           'points_after', 'CsvSink', 'histogram_proto_args', 'tensorboard_tags', 'float32_overflows',
+           'TensorBoardSink', 'replace_event_files', 'ExportSummary', 'export_history', 'add_export_command',
+           'run_export', 'export_main']
 
 # %% ../nbs/11a_export.ipynb #1032c08f
 class SaveHistory(Panel):
@@ -100,17 +104,21 @@ class CsvSink:
     def __init__(self, out: Path):
         self.out, self.scalars, self.histograms = Path(out), {}, {}
 
-    def add(self, history: History) -> None:
-        "Keep the points of `history` (written at the next `flush`)."
+    def add(self, history: History) -> int:
+        "Keep the points of `history` (written at the next `flush`); returns how many histogram rows it holds."
         for row in history.scalar_rows():
             self.scalars.setdefault(row[0], []).append(row)
         for row in history.histogram_rows():
             self.histograms.setdefault(row[0], []).append(row)
+        return sum(len(history.series[key]) for key in history.histogram_keys())
 
     def flush(self) -> None:
-        "Write both files, atomically, with every point kept so far."
-        for name, columns, rows in zip(self.FILES, (SCALAR_COLUMNS, HISTOGRAM_COLUMNS), (self.scalars, self.histograms)):
-            atomic_write_text(self.out / name, _csv_text(columns, (row for key in rows for row in rows[key])))
+        "Write both files, atomically, with every point kept so far; a Ctrl-C waits, so the two always match."
+        texts = [_csv_text(columns, (row for key in rows for row in rows[key]))
+                 for columns, rows in ((SCALAR_COLUMNS, self.scalars), (HISTOGRAM_COLUMNS, self.histograms))]
+        with sigint_deferred():
+            for name, text in zip(self.FILES, texts):
+                atomic_write_text(self.out / name, text)
 
     def close(self) -> None:
         "Nothing held open."
@@ -142,17 +150,46 @@ def histogram_proto_args(row: list, edges: np.ndarray) -> dict | None:
             "bucket_limits": edges[1:].tolist(), "bucket_counts": weights.tolist()}
 
 # %% ../nbs/11a_export.ipynb #3c806f1e
+EVENT_SUFFIX = ".minitrain"    # ends the name of the event files an export writes: a later export replaces only these
+
+
+def tensorboard_tags(keys) -> dict:
+    """`{key: tag}`: the tag tensorboardX writes for each history key (it replaces characters TensorFlow does not
+    allow in a name); ValueError naming them if two keys would share a tag, whose points would merge."""
+    from tensorboardX.summary import _clean_tag
+    tags, seen = {}, {}
+    for key in keys:
+        tag = tags[key] = _clean_tag(key)
+        if tag in seen:
+            raise ValueError(f"history keys {seen[tag]!r} and {key!r} would both be TensorBoard's tag {tag!r}, "
+                             "and their points would merge: rename one (or export to csv, which keeps keys as they are)")
+        seen[tag] = key
+    return tags
+
+
+FLOAT32_MAX, FLOAT32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal) / 2
+
+
+def float32_overflows(value: float) -> bool:
+    "True where a finite, non-zero `value` becomes ±inf or 0 as TensorBoard's float32 scalar."
+    return math.isfinite(value) and value != 0.0 and not (FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)
+
+
 class TensorBoardSink:
     """TensorBoard event files in the folder `out`, written by tensorboardX: each series of numbers as scalars under
-    its key, each histogram row as a histogram (bins from `meta['histogram']`)."""
+    its key, each histogram row as a histogram (bins from `meta['histogram']`). TensorBoard keeps a scalar in float32:
+    `overflows` counts the values that leave its range (they read back as ±inf or 0; `to='csv'` keeps them)."""
 
     def __init__(self, out: Path):
-        self.writer = _summary_writer()(logdir=str(out), flush_secs=5)
-        self.rows = 0
+        self.writer = _summary_writer()(logdir=str(out), flush_secs=5, filename_suffix=EVENT_SUFFIX)
+        self.rows, self.overflows, self.tags = 0, 0, {}
 
-    def add(self, history: History) -> None:
-        "Write the points of `history`: its scalars, and its histogram rows that are all finite."
+    def add(self, history: History) -> int:
+        "Write the points of `history`: its scalars, and its histogram rows that are all finite; returns the rows written."
+        self.tags = tensorboard_tags([*self.tags, *(key for key in history.keys() if key not in self.tags)])
+        rows = self.rows
         for key, step, value in history.scalar_rows():
+            self.overflows += float32_overflows(value)
             self.writer.add_scalar(key, value, step)
         for key in history.histogram_keys():
             s = history.series[key]
@@ -162,6 +199,7 @@ class TensorBoardSink:
                 if fields is not None:
                     self.writer.add_histogram_raw(key, global_step=step, **fields)
                     self.rows += 1
+        return self.rows - rows
 
     def flush(self) -> None:
         "Push what was written to the event file now (TensorBoard reads it from there)."
@@ -171,6 +209,17 @@ class TensorBoardSink:
         "Flush and close the event file."
         self.writer.close()
 
+# %% ../nbs/11a_export.ipynb #c8042a07
+def replace_event_files(staging: Path | None, out: Path) -> None:
+    """Put the event files of `staging` (None: none) in place of those an earlier export wrote in `out` (names ending
+    in `EVENT_SUFFIX`; a user's other runs stay). A Ctrl-C waits for the end, so `out` never holds both, or half."""
+    with sigint_deferred():
+        for path in out.iterdir():
+            if path.name.startswith("events.out.tfevents") and path.name.endswith(EVENT_SUFFIX) and path.is_file():
+                path.unlink()
+        for path in staging.iterdir() if staging is not None else ():
+            os.replace(path, out / path.name)
+
 # %% ../nbs/11a_export.ipynb #d989a996
 class ExportSummary(NamedTuple):
     "What `export_history` did: points and histogram rows exported, reads of the history, why it stopped, where."
@@ -179,6 +228,7 @@ class ExportSummary(NamedTuple):
     reads: int
     stopped: str       # 'once' (follow=False), 'ended' (the run said so), 'timeout' or 'idle'
     out: Path
+    overflows: int = 0  # TensorBoard only: values beyond float32's range, read back as ±inf or 0
 
 # %% ../nbs/11a_export.ipynb #f12140f2
 class _Exporter:
@@ -191,11 +241,10 @@ class _Exporter:
         "Read the history once, export what is new; returns the history read."
         history = History.load_jsonl(self.path)
         new = points_after(history, self.exported)
-        self.sink.add(new)
+        self.histograms += self.sink.add(new)        # the rows written: TensorBoard leaves out a row with NaN
         self.sink.flush()
         histograms = set(new.histogram_keys())
         self.points += sum(len(s) for key, s in new.series.items() if key not in histograms)
-        self.histograms += sum(len(new.series[key]) for key in histograms)
         self.reads += 1
         return history
 
@@ -273,20 +322,30 @@ def export_history(history_path, to: str = "csv", out=None, *, follow: bool = Fa
     if not follow and not history_path.is_file():
         raise ValueError(f"no saved history at {history_path}")
     out, made = _export_folder(history_path, to, out)
-    exporter = None
+    exporter, staging = None, None
     try:
-        exporter = _Exporter(history_path, EXPORT_SINKS[to](out))
+        if to == "tensorboard" and follow:          # a live export: written in place, replacing an earlier one at once
+            replace_event_files(None, out)
+        elif to == "tensorboard":                    # a whole export: written aside, then put in place of an earlier one
+            staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+        exporter = _Exporter(history_path, EXPORT_SINKS[to](staging or out))
         try:
             stopped = _follow(exporter, poll, timeout, idle, sleep, clock) if follow else "once"
             if not follow:
                 exporter.read()
         finally:
             exporter.sink.close()
+        if staging is not None:
+            replace_event_files(staging, out)
     except BaseException:
-        if made and (exporter is None or not exporter.reads):   # a refused history leaves no folder of ours behind
+        if made and (exporter is None or not exporter.reads or staging is not None):   # nothing of ours left behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    return ExportSummary(exporter.points, exporter.histograms, exporter.reads, stopped, out)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return ExportSummary(exporter.points, exporter.histograms, exporter.reads, stopped, out,
+                         getattr(exporter.sink, "overflows", 0))
 
 # %% ../nbs/11a_export.ipynb #3789e6e0
 def add_export_command(sub) -> argparse.ArgumentParser:
@@ -318,6 +377,9 @@ def run_export(args) -> int:
         raise ValueError(str(exc)) from None
     how = "" if summary.stopped == "once" else f"; stopped: {summary.stopped}"
     print(f"export: {summary.points} points and {summary.histograms} histogram rows to {summary.out}{how}")
+    if summary.overflows:
+        print(f"export: {summary.overflows} values lie beyond float32's range, where TensorBoard keeps its scalars: they "
+              "read back as ±inf or 0 there (--to csv keeps every value exactly)")
     return 0
 
 # %% ../nbs/11a_export.ipynb #3696ebc7

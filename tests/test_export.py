@@ -8,14 +8,18 @@ import importlib
 import math
 import os
 import re
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from minitrain_inspect.export import (SaveHistory, export_history, export_main, histogram_proto_args, run_state)
+import minitrain_inspect.export as export_module
+from minitrain_inspect.export import (EVENT_SUFFIX, CsvSink, SaveHistory, export_history, export_main, histogram_proto_args,
+                                     run_state)
 from minitrain_inspect.inspect import Inspector
 from minitrain_inspect.panels import FLOAT64_MAX, History
 from minitrain_inspect.train import TrainConfig, train
@@ -158,13 +162,94 @@ def test_tensorboard_reads_back_every_scalar_series_and_the_histograms(run_histo
     finite = np.isfinite(rows).all(axis=1)
     assert not finite[-1] and finite[:-1].all()               # the NaN row (nothing measured) is left out
     got = events.Histograms("units/mlp.act1/histogram")
-    assert [e.step for e in got] == steps[finite].tolist() and summary.histograms == len(steps)
+    assert [e.step for e in got] == steps[finite].tolist() and summary.histograms == finite.sum()   # rows written
     bins = rows.shape[1]
     for event, row in zip(got, rows[finite]):
         value = event.histogram_value
         np.testing.assert_allclose(value.bucket, row, rtol=1e-15, atol=0)
         np.testing.assert_allclose(value.bucket_limit, np.linspace(0.0, 4.0, bins + 1)[1:], rtol=1e-15)
         assert (value.min, value.max) == (0.0, 4.0) and value.num == pytest.approx(row.sum(), rel=1e-12)
+
+
+def test_tensorboard_export_again_replaces_the_earlier_one_and_leaves_other_runs(run_history, tmp_path):
+    need("tensorboardX", "tensorboard")
+    _, path = run_history
+    (tmp_path / "tb").mkdir()
+    other = tmp_path / "tb" / "events.out.tfevents.1.host"          # a user's own run in the same folder: kept
+    other.write_bytes(b"")
+    export_history(path, "tensorboard", tmp_path / "tb")
+    time.sleep(1.1)                                                  # a new event file name (it holds the time in seconds)
+    export_history(path, "tensorboard", tmp_path / "tb")
+    ours = [n for n in os.listdir(tmp_path / "tb") if n.endswith(EVENT_SUFFIX)]
+    assert len(ours) == 1 and other.exists(), os.listdir(tmp_path / "tb")
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []                      # no staging folder left
+    os.unlink(other)
+    steps, _ = History.load_jsonl(path).get("loss/train")
+    assert [e.step for e in event_accumulator(tmp_path / "tb").Scalars("loss/train")] == steps.tolist()   # once each
+
+
+def test_an_interrupted_tensorboard_export_leaves_the_earlier_one_whole(run_history, tmp_path, monkeypatch):
+    need("tensorboardX", "tensorboard")
+    from tensorboardX import SummaryWriter
+    _, path = run_history
+    export_history(path, "tensorboard", tmp_path / "tb")
+    before = {n: (tmp_path / "tb" / n).read_bytes() for n in os.listdir(tmp_path / "tb")}
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 30:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(SummaryWriter, "add_scalar", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_history(path, "tensorboard", tmp_path / "tb")
+    assert {n: (tmp_path / "tb" / n).read_bytes() for n in os.listdir(tmp_path / "tb")} == before
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
+
+
+def test_keys_that_tensorboard_would_merge_are_refused(tmp_path):
+    need("tensorboardX", "tensorboard")
+    h = History()
+    h.record("a b/x", 1, 1.0)
+    h.record("a_b/x", 2, 2.0)
+    path = h.save_jsonl(tmp_path / "h.jsonl")
+    with pytest.raises(ValueError, match="'a b/x' and 'a_b/x' would both be TensorBoard's tag 'a_b/x'"):
+        export_history(path, "tensorboard", tmp_path / "tb")
+    assert not (tmp_path / "tb").exists()
+
+
+def test_values_beyond_float32_are_counted_and_said(tmp_path, capsys):
+    need("tensorboardX", "tensorboard")
+    h = History()
+    for step, value in enumerate([0.5, 1e300, -1e-320, 0.0, math.inf, math.nan, 3.0e38]):
+        h.record("odd/x", step, value)
+    path = h.save_jsonl(tmp_path / "h.jsonl")
+    assert export_history(path, "tensorboard", tmp_path / "tb").overflows == 2
+    assert export_main([str(path), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
+    assert "2 values lie beyond float32's range" in capsys.readouterr().out
+
+
+def test_an_interrupted_csv_export_leaves_both_files_of_the_earlier_one(run_history, tmp_path, monkeypatch):
+    _, path = run_history
+    export_history(path, "csv", tmp_path)
+    before = {n: (tmp_path / n).read_bytes() for n in CsvSink.FILES}
+    h = History()
+    h.record("other/x", 0, 1.0)
+    other = h.save_jsonl(tmp_path / "other.jsonl")
+    real, calls = export_module.atomic_write_text, []
+
+    def write_then_interrupt(target, text):       # Ctrl-C arrives while the first file is written
+        calls.append(1)
+        result = real(target, text)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+    monkeypatch.setattr(export_module, "atomic_write_text", write_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        export_history(other, "csv", tmp_path)
+    after = {n: (tmp_path / n).read_bytes() for n in CsvSink.FILES}
+    assert len(calls) == 2 and after != before                     # both written: the pair is the new export's
+    assert b"other/x" in after["scalars.csv"] and after["histograms.csv"].count(b"\n") == 1
 
 
 def test_histogram_fields_by_hand():
