@@ -247,7 +247,8 @@ def _kept_name(panel, key, value) -> str:
 def layout_names(kept: dict, norm_steps: list) -> list:
     "The names of a pack's layout: each kind of `kept` (`sort_kept`), then its values' names (a sum's with its sizes); the norms' steps."
     sizes = lambda v: ",".join(str(t.numel()) for t in v.tensors)
-    return (["rows"] + [v.finish.args[2] for *_, v in kept["rows"]] + ["same"] + [v.finish.args[2] for *_, v in kept["same"]]
+    calls = lambda v: f"{v.finish.args[2]}*{len(v.tensors)}"     # a tensor's key and its calls in the step
+    return (["rows"] + [calls(v) for *_, v in kept["rows"]] + ["same"] + [calls(v) for *_, v in kept["same"]]
             + ["loss"] + [key for _, _, key, _, _ in kept["loss"]]
             + ["sum"] + [f"{_kept_name(p, key, v)}:{sizes(v)}" for p, _, key, _, v in kept["sum"]]
             + ["norms"] + [str(step) for step in norm_steps])
@@ -261,9 +262,10 @@ def check_layouts(headers: list) -> None:
                            "that differs between ranks?): every decision that changes what is gathered must be collective")
 
 # %% ../nbs/14b_ddp.ipynb #7f9626f5
-def merged_points(state: dict, keys: list, nonfinite_key: str, tm: TensorMoments) -> list:
-    "At the flush: fold the merged moments `tm` into `state`; the points of its fields, and of its non-finite count if any."
-    fold_moments(state, tm)
+def merged_points(state: dict, keys: list, nonfinite_key: str, *tms: TensorMoments) -> list:
+    """At the flush: fold the merged moments `tms` (one per call of the tensor in the step) into `state`, in order; the
+    points of the fields of all of them merged, and of their non-finite count if any."""
+    tm = functools.reduce(merge_moments, [fold_moments(state, tm) for tm in tms])
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
 
@@ -358,7 +360,7 @@ class DDPPack:
     def _pack(self):
         "(the kept values by kind; the float64 vectors to pack, in order: rows, same, losses, norms, sums; their numbers per kind)."
         torch, kept = require_torch(), sort_kept(self.panels)
-        rows, same = [e[4].tensors[0] for e in kept["rows"]], [e[4].tensors[0] for e in kept["same"]]    # (panel, i, key, step, value)
+        rows, same = ([t for e in kept[kind] for t in e[4].tensors] for kind in ("rows", "same"))  # a row per call of a tensor
         losses = [v if v.dim() == 0 else v.reshape(-1)[0] for v in kept_values(kept["loss"])]    # a loss: its (first) number
         norms = [t for _, local_sq, global_sq in self._norms for t in (local_sq, global_sq)]
         sums = [t.reshape(-1).to(torch.float64) for v in kept_values(kept["sum"]) for t in v.tensors]
@@ -423,10 +425,13 @@ class DDPReplace:
     def _unpack_moments(self, entries: list, block) -> None:
         "Every tensor's rows merged at once (`merged_numbers`, rank order); the panel's state and keys then fold the merged moments."
         numbers, extreme = merged_numbers(block) if entries else ([], {})
-        for t, (entry, row) in enumerate(zip(entries, numbers)):
-            tm = extreme[t] if t in extreme else numbers_moments(row)   # merge_rows' M2 may carry an exponent of its own
+        first = 0
+        for entry in entries:                   # an entry's calls in the step: as many columns, side by side
+            columns = range(first, first + len(entry[4].tensors))
+            tms = [extreme[t] if t in extreme else numbers_moments(numbers[t]) for t in columns]   # merge_rows' M2 may carry an exponent
             state, keys, nonfinite_key = entry[4].finish.args[:3]      # those of the panel's moment_points
-            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, tm))
+            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, *tms))
+            first = columns.stop
 
     def _unpack_losses(self, entries: list, spread: tuple) -> None:
         "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
@@ -451,7 +456,8 @@ class DDPUnpack(DDPReplace):
         self._unpack_moments(kept["rows"] + kept["same"], np.concatenate([rows, rank0_rows(same)], axis=1))
         self._unpack_losses(kept["loss"], spread)
         self._unpack_sums(kept["sum"], sums)
-        disagree = [kept["same"][t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)]
+        owners = [entry for entry in kept["same"] for _ in entry[4].tensors]     # the entry of each column
+        disagree = list(dict.fromkeys(owners[t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)))
         if disagree:
             self.note(f"ranks disagree on {', '.join(disagree[:5])} (read after the allreduce: expected equal)")
 
@@ -857,7 +863,7 @@ def probe_class():
     return Probe
 
 # %% ../nbs/14b_ddp.ipynb #0cb4e943
-DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0,
+DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0, "accum": 1,
              "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "join_timeout": 120.0, "port": None}
 
 
@@ -893,14 +899,17 @@ def _one_step(spec, step, ddp_model, loss_fn, optimizer, inspector, batch):
     if spec["raise_at"] == [spec["rank"], step]:
         raise ValueError(f"injected failure on rank {spec['rank']} at step {step}")
     optimizer.zero_grad()
-    out = ddp_model(x)
-    if loss_fn is None:
-        loss = out.square().mean()
-        if inspector is not None:
-            inspector.record_loss(loss)
-    else:
-        loss = loss_fn(out, y)
-    loss.backward()
+    for call in range(spec["accum"]):       # gradient accumulation: the step's later batches are those of steps after it
+        if call:
+            x, y = batch(step + call * spec["steps"])
+        out = ddp_model(x)
+        if loss_fn is None:
+            loss = out.square().mean()
+            if inspector is not None:
+                inspector.record_loss(loss)
+        else:
+            loss = loss_fn(out, y)
+        loss.backward()
     optimizer.step()
     return loss
 

@@ -17,8 +17,8 @@ from .layers import ReLU, Tanh
 from .optim import Optimizer
 from .panels import ACTIVATION_RANGES, History, SpectralNorm, as_schedule, to_strict_json, unit_summary
 from .per_class_loss import class_masks
-from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, new_state, scratch_size,
-                                    sum_of_squares, summarize, welford_update)
+from .stats import (SUM_ERROR, TensorMoments, all_finite, check_int, merge_moments, new_state,
+                                    scratch_size, sum_of_squares, summarize, welford_update)
 
 # The lab's names, all importable from this module: HookHandle (built in 00_core), welford_update (08_stats).
 _all_ = ["HookHandle", "welford_update"]
@@ -229,7 +229,7 @@ class TensorPanel(Panel):
         unknown = set(fields) - set(self.FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; a TensorPanel records {sorted(self.FIELDS)}")
-        self.stats, self.fields, self._keys = stats, tuple(fields), {}
+        self.stats, self.fields, self._keys, self._calls = stats, tuple(fields), {}, {}
 
     def measure(self, prefix: str, name: str, x, stat: str | None = None) -> TensorMoments:
         "Fold `x` into the statistics `stat` (default: `name`); record `prefix/name/field`; return `x`'s moments."
@@ -241,9 +241,25 @@ class TensorPanel(Panel):
         for key, field in keys:
             self.record(key, field(tm))
         ### END SOLUTION
-        if tm.nonfinite:        # recorded only when there are any: a clean run carries no series of zeros
-            self.record(f"{prefix}/{name}/nonfinite", tm.nonfinite)
+        step_tm = self.step_moments(prefix, name, tm)
+        if step_tm is not tm:   # measured before in this step: the step's points, recorded again, cover every call
+            for key, field in keys:
+                self.record(key, field(step_tm))
+        if step_tm.nonfinite:   # recorded only when there are any: a clean run carries no series of zeros
+            self.record(f"{prefix}/{name}/nonfinite", step_tm.nonfinite)
         return tm
+
+    def step_moments(self, prefix: str, name: str, tm: TensorMoments) -> TensorMoments:
+        "`tm` merged with this tensor's earlier calls at this step (a module called twice, gradient accumulation)."
+        step, earlier = self._calls.get((prefix, name), (None, None))
+        if step == self.step:
+            tm = merge_moments(earlier, tm)
+        self._calls[prefix, name] = (self.step, tm)
+        return tm
+
+    def reset(self) -> None:
+        super().reset()
+        self._calls = {}
 
 # %% ../nbs/10_inspect.ipynb #fd6ff385
 class ActivationPanel(TensorPanel):

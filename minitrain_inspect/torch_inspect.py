@@ -25,7 +25,8 @@ from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, Gr
 from .panels import ACTIVATION_RANGES, History, as_schedule
 from . import speed
 from .speed import _lane_input, lane_moments
-from .stats import TensorMoments, _normalize, _root, check_int, fold_moments, new_state, summarize
+from .stats import (TensorMoments, _normalize, _root, check_int, fold_moments, merge_moments, new_state,
+                                    summarize)
 from .overhead import TorchRun, _check_clock, _paired, _spread, lockstep, torch_threads
 from .train import TrainConfig, run_data
 from .train import blas_threads as limit_blas_threads
@@ -359,9 +360,10 @@ def first_tensor(output):
     return output if isinstance(output, torch.Tensor) else None
 
 # %% ../nbs/14a_torch.ipynb #b7cdf1be
-def moment_points(state: dict, keys: list, nonfinite_key: str, row: list) -> list:
-    "At the flush: fold one tensor's moments (`row`, on the host) into `state`; the points of its fields, and of its non-finite count if any."
-    tm = fold_moments(state, host_moments(row))
+def moment_points(state: dict, keys: list, nonfinite_key: str, *rows) -> list:
+    """At the flush: fold the moments of one tensor's calls in a step (`rows`, on the host) into `state`, in order; the
+    points of the fields of all of them merged, and of their non-finite count if any."""
+    tm = functools.reduce(merge_moments, [fold_moments(state, host_moments(row)) for row in rows])
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
 
@@ -374,10 +376,17 @@ class TorchTensorPanel(TensorPanel):
         keys = self._keys.get((prefix, name))
         if keys is None:
             keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{field}", self.FIELDS[field]) for field in self.fields]
-        finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
         if x.layout != require_torch().strided:    # a sparse gradient (`nn.Embedding(sparse=True)`): the dense tensor it stands for
             x = x.to_dense()
-        self.record(None, Later(finish, (self.ops.moments_row(x),)))
+        row = self.ops.moments_row(x)
+        step, at, later = self._calls.get((prefix, name), (None, 0, None))
+        if step == self.step and at < len(self.pending) and self.pending[at][2] is later:   # called before in this step
+            self.pending[at] = (None, step, later := Later(later.finish, later.tensors + (row,)))   # merged at the flush
+        else:
+            finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
+            self.record(None, later := Later(finish, (row,)))
+            at = len(self.pending) - 1
+        self._calls[prefix, name] = (self.step, at, later)
 
 # %% ../nbs/14a_torch.ipynb #7fb69126
 class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
@@ -1198,6 +1207,9 @@ class TorchScaler:
             self._by_name["loss"]._running = (None, 0.0, 0)     # the retry's loss alone is the step's loss
         if isinstance(self._by_name.get("per_class"), TorchGroupLossPanel):
             self._by_name["per_class"]._sums_step = None         # and its groups' losses alone
+        for panel in self.panels:
+            if isinstance(panel, TorchTensorPanel):
+                panel._calls = {}              # the retry's tensors: points of their own, not merged with the skipped ones
 
 # %% ../nbs/14a_torch.ipynb #0a0af07f
 class TorchInspector(TorchRemoval, TorchFlush, TorchSteps, TorchAttach, TorchStepHooks, TorchLoss, TorchModuleHooks,

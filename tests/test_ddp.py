@@ -146,6 +146,23 @@ def test_merged_snapshot_equals_union(tmp_path, world, batch, offset):
     assert float(abs(Fraction(got["mean"]) - mean)) <= float(abs(Fraction(single.mean) - mean)) + 4 * 2.0 ** -53 * scale
 
 
+def test_a_step_of_accumulated_batches_is_one_point_of_them_all(tmp_path):
+    "Two batches per step on each rank (gradient accumulation): the step's point is the statistics of all four together."
+    spec = {"world": 2, "batch": [5, 9], "offset": 1e8, "model": "probe", "steps": 1, "seed": 5, "accum": 2,
+            "schedules": {"activations": 1, "gradients": 1}, "out": str(tmp_path)}
+    ok(run(spec))
+    union = np.concatenate([shard_values(5, r, step, n, 1e8) for r, n in enumerate(spec["batch"]) for step in (0, 1)])
+    mean, var, kappa = exact_stats(union)
+    history = History.load_jsonl(tmp_path / "history.jsonl")
+    steps, means = history.get("activations/Probe/mean")
+    _, stds = history.get("activations/Probe/std")
+    assert steps.tolist() == [0]
+    scale = math.fsum(np.abs(union)) / union.size
+    assert float(abs(Fraction(means[0]) - mean)) <= 1e-10 * scale
+    assert rel(stds[0] ** 2, var) <= 1e-10 * kappa
+    assert json.loads((tmp_path / "snapshot.json").read_text())["Probe"]["n"] == union.size
+
+
 def test_one_history_from_rank_zero(tmp_path):
     "Rank 0 writes history, snapshot and dashboard; the other ranks write nothing; the history has the world and the spread."
     results = ok(run({"world": 2, "batch": [16, 48], "steps": 12, "flush_every": 5, "out": str(tmp_path)}))
