@@ -475,7 +475,8 @@ class GuardBase(GuardRecords):
 
     def __init__(self, budget: float, window: int = 20, clock: Callable[[], float] = time.perf_counter,
                  max_stride: int = 2**20):
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0 < budget < math.inf):
+        if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, float, np.integer, np.floating)) \
+                or not (0 < budget < math.inf):
             raise ValueError(f"budget must be a positive fraction such as 0.30, got {budget!r}")
         window, max_stride = check_int(window, "budget_window", 1), check_int(max_stride, "max_stride", 1)
         self.budget, self.window, self.clock, self.max_stride = float(budget), window, clock, max_stride

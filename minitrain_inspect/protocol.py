@@ -40,6 +40,8 @@ def hidden_parameters(model: Module) -> list:
 class FrozenHidden:
     "Observer: the optimiser's steps leave the trunk's hidden layers as they were initialised; every other parameter learns."
 
+    handle = None     # until begin_run
+
     def begin_run(self, run) -> None:
         "Find the hidden parameters and register the step pre hook that zeroes their gradients."
         self.frozen = [p for _, p in hidden_parameters(run.model)]
@@ -51,8 +53,9 @@ class FrozenHidden:
             p.grad[...] = 0
 
     def end_run(self) -> None:
-        "Remove the hook: the optimiser is as it was."
-        self.handle.remove()
+        "Remove the hook: the optimiser is as it was (nothing to do before `begin_run`)."
+        if self.handle is not None:
+            self.handle.remove()
 
 # %% ../nbs/15a_protocol.ipynb #e7896e27
 def train_frozen(config: TrainConfig | None = None, *, data: PastTenseData | None = None, observers=()) -> TrainResult:
@@ -64,6 +67,8 @@ def train_frozen(config: TrainConfig | None = None, *, data: PastTenseData | Non
 def frozen_baseline(config: TrainConfig | None = None, data: PastTenseData | None = None) -> dict:
     "The frozen baseline of `config`: accuracy of the same architecture, budget and seed with only the readout trained."
     config = TrainConfig(progress=False) if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"frozen_baseline needs a TrainConfig (or None for the defaults), got {type(config).__name__}")
     plain = dataclasses.replace(config, diagnose_every=None, early_stop=False)
     result = train_frozen(plain, data=data)
     return to_jsonable({"accuracy": result.accuracy, "steps": plain.steps, "seed": plain.seed,
@@ -105,6 +110,11 @@ def feedback_matrices(trunk: Sequential, seed: int = 0) -> list:
 # %% ../nbs/15a_protocol.ipynb #5001f239
 def _check_feedback(blocks: list, grad_output: np.ndarray, feedback: list) -> None:
     readout = blocks[-1][0]
+    if not isinstance(grad_output, np.ndarray) or grad_output.dtype.kind != "f":
+        raise TypeError(f"grad_output must be a float NumPy array, got {type(grad_output).__name__}"
+                        f"{' of ' + str(grad_output.dtype) if isinstance(grad_output, np.ndarray) else ''}")
+    if not all(isinstance(b, np.ndarray) and b.dtype.kind == "f" for b in feedback):
+        raise TypeError("each feedback matrix must be a float NumPy array (see feedback_matrices)")
     if len(feedback) != len(blocks) - 1:
         raise ValueError(f"need one feedback matrix per hidden block ({len(blocks) - 1}), got {len(feedback)}")
     if grad_output.ndim != 2 or grad_output.shape[1] != readout.out_features:
@@ -163,8 +173,9 @@ class DirectFeedbackAlignment:
         dfa_backprop(self.model, grad_output, self.feedback)
 
     def end_run(self) -> None:
-        "Give the model its own `backprop` back."
-        vars(self.model).pop("backprop", None)
+        "Give the model its own `backprop` back (nothing to do before `begin_run`)."
+        if getattr(self, "model", None) is not None:
+            vars(self.model).pop("backprop", None)
 
 # %% ../nbs/15a_protocol.ipynb #d8fccce9
 SEED_GROWTH, SEED_GRAD_FLOOR = 50.0, 1e-7     # the seed's two checks: (a) per-block growth above 50x, (b) last-layer gradient below 1e-7
@@ -172,6 +183,12 @@ SEED_GROWTH, SEED_GRAD_FLOOR = 50.0, 1e-7     # the seed's two checks: (a) per-b
 
 def seed_checks(reports: list) -> dict:
     "The seed's two checks over a run's `DiagnosticReport`s: the largest growth and smallest last-layer gradient seen, and whether each fired."
+    if isinstance(reports, (str, bytes)) or not hasattr(reports, "__iter__"):
+        raise TypeError(f"seed_checks needs a list of DiagnosticReport (a Diagnoser's reports), got {type(reports).__name__}")
+    reports = list(reports)
+    wrong = next((r for r in reports if not hasattr(r, "checks")), None)
+    if wrong is not None:
+        raise TypeError(f"seed_checks needs DiagnosticReport items (with .checks), got a {type(wrong).__name__}: {wrong!r}")
     values = lambda name: [c.value for r in reports for c in r.checks if c.name == name and math.isfinite(c.value)]
     growth, floor = values("hidden_norm_growth"), values("gradient_floor")
     top, low = (max(growth) if growth else math.nan), (min(floor) if floor else math.nan)
@@ -213,6 +230,9 @@ def run_protocol_entry(name: str, rule: str, broken: bool, steps: int = 2000, ev
     """One row: train by `rule` (`config`: changes to `TrainConfig()`) diagnosed every `every` steps with early stop,
     and if it stopped, again to the end undiagnosed. The keys of `run_gallery_entry`'s row, plus `rule`, `fired` (the
     names of the checks that fired first) and `seed_checks`."""
+    taken = sorted({"diagnose_every", "early_stop"} & set(config or {}))
+    if taken:
+        raise ValueError(f"config may not set {taken}: a protocol entry diagnoses every `every` steps with early stop")
     config = TrainConfig(**{"steps": check_int(steps, "steps", 1), "seed": seed, "progress": False, **(config or {})},
                          diagnose_every=check_int(every, "every", 1), early_stop=True)
     result, diagnoser = run_rule(rule, config, thresholds)

@@ -902,3 +902,10 @@ def test_fast_inspector_takes_the_users_update_panel_as_inspector_does():
         pass
     assert type(fast_inspector(panels=[Mine(1)]).panel("updates")) is Mine
     assert type(Inspector(panels=[Mine(1)]).panel("updates")) is Mine
+
+
+def test_a_numpy_number_is_a_budget_and_a_numpy_bool_is_not():
+    assert Inspector(budget=np.float32(0.25)).guard.budget == 0.25
+    assert Inspector(budget=np.int64(1)).guard.budget == 1.0
+    with pytest.raises(ValueError, match="positive fraction"):
+        Inspector(budget=np.True_)
