@@ -148,6 +148,8 @@ class Measures:
 class Records(Measures):
     "What a panel keeps aside while it measures, and the flush that writes it into the history."
 
+    foreign: dict = {}    # {first part of a key: the panel that owns it}: the other panels' series, not to be written over
+
     def record(self, key: str, value, step: int | None = None) -> None:
         "Keep the point `(key, step, value)` for the next flush (`step`: default the step being measured)."
         self.pending.append((key, self.step if step is None else step, value))
@@ -164,6 +166,9 @@ class Records(Measures):
             pending, self.pending = self.pending, []
             for key, step, value in pending:
                 try:
+                    if self.foreign and isinstance(key, str) and key.partition("/")[0] in self.foreign:
+                        raise ValueError(f"panel {getattr(self, 'name', '?')!r} may not record {key!r}: the series "
+                                         f"{key.partition('/')[0]}/... belong to the panel {self.foreign[key.partition('/')[0]]!r}")
                     history.record(key, step, value)
                 except (TypeError, ValueError) as exc:
                     refused = refused or exc
@@ -179,6 +184,7 @@ class Panel(Records):
     "Base of every panel: a schedule, a stride set by the budget guard, the time spent, and what it measures."
 
     name, title, reducible = "panel", "", True
+    prefixes = ()     # first parts of the keys it records other than its name (the gradient panel's act_grads)
 
     def __init__(self, schedule=1, clock: Callable[[], float] = time.perf_counter):
         self.schedule, self.clock, self.ops = as_schedule(schedule), clock, NumpyOps()
@@ -276,7 +282,7 @@ class ActivationPanel(TensorPanel):
 class GradientPanel(TensorPanel):
     "Panel 3: the norm of each parameter's gradient, and of the gradient at each leaf module's output."
 
-    name = "gradients"
+    name, prefixes = "gradients", ("act_grads",)
 
     def __init__(self, schedule, stats: dict, clock=time.perf_counter):
         super().__init__(schedule, stats, fields=("l2",), clock=clock)
@@ -1087,8 +1093,10 @@ def _all_panels(builtin: list[Panel], extra, schedules: dict | None, ops, clock)
         if name not in names:
             raise ValueError(f"unknown panel {name!r}; the panels are {tuple(names)}")
         panels[names.index(name)].schedule = as_schedule(spec)
+    owners = {prefix: p.name for p in panels for prefix in (p.name, *p.prefixes)}
     for panel in panels:
         panel.ops, panel.clock = ops, clock
+        panel.foreign = {prefix: owner for prefix, owner in owners.items() if owner != panel.name}
     return panels
 
 # %% ../nbs/10_inspect.ipynb #986d3a39

@@ -909,3 +909,26 @@ def test_a_numpy_number_is_a_budget_and_a_numpy_bool_is_not():
     assert Inspector(budget=np.int64(1)).guard.budget == 1.0
     with pytest.raises(ValueError, match="positive fraction"):
         Inspector(budget=np.True_)
+
+
+def test_a_users_panel_cannot_write_over_another_panels_series():
+    "A panel's points under another panel's prefix (here the loss panel's) are refused, naming both; its own are kept."
+    class Rogue(Panel):
+        name, title = "rogue", "Rogue"
+
+        def on_step_end(self, params):
+            self.record("loss/train", 999.0)
+            self.record("act_grads/fc/l2", 999.0)     # the gradient panel's second prefix
+            self.record("rogue/x", 1.0)
+    model = Sequential(fc=Linear(4, 3, rng=0), act=ReLU())
+    opt, loss_fn = SGD(model.parameters(), lr=0.1), SoftmaxCrossEntropy()
+    inspector = Inspector(model, optimizer=opt, loss_fn=loss_fn, panels=[Rogue()]).attach()
+    x, y = np.ones((2, 4), np.float32), np.array([0, 1])
+    for _ in range(2):
+        model.zero_grad()
+        loss_fn(model(x), y)
+        model.backprop(loss_fn.backward())
+        with pytest.raises(ValueError, match="panel 'rogue' may not record 'loss/train': the series loss/... belong to the panel 'loss'"):
+            opt.step()
+    assert 999.0 not in inspector.history.get("loss/train")[1] and 999.0 not in inspector.history.get("act_grads/fc/l2")[1]
+    assert inspector.history.get("rogue/x")[1].tolist() == [1.0, 1.0] and inspector.step == 2
