@@ -171,8 +171,12 @@ FLOAT32_MAX, FLOAT32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.f
 
 
 def float32_overflows(value: float) -> bool:
-    "True where a finite, non-zero `value` becomes ±inf or 0 as TensorBoard's float32 scalar."
-    return math.isfinite(value) and value != 0.0 and not (FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)
+    "True where a finite, non-zero `value` becomes ±inf or 0 as TensorBoard's float32 scalar (rounded to nearest)."
+    if not math.isfinite(value) or value == 0.0 or FLOAT32_TINY < abs(value) < FLOAT32_MAX:
+        return False      # the usual case, decided without a conversion
+    with np.errstate(over="ignore", under="ignore"):
+        single = np.float32(value)
+    return bool(np.isinf(single) or single == 0.0)
 
 
 class TensorBoardSink:
@@ -212,13 +216,17 @@ class TensorBoardSink:
 # %% ../nbs/11a_export.ipynb #c8042a07
 def replace_event_files(staging: Path | None, out: Path) -> None:
     """Put the event files of `staging` (None: none) in place of those an earlier export wrote in `out` (names ending
-    in `EVENT_SUFFIX`; a user's other runs stay). A Ctrl-C waits for the end, so `out` never holds both, or half."""
+    in `EVENT_SUFFIX`; a user's other runs stay). The new files go in first, so a failure leaves no export lost, and a
+    Ctrl-C waits for the end, so `out` never holds both."""
     with sigint_deferred():
+        new = []
+        for path in sorted(staging.iterdir()) if staging is not None else ():
+            os.replace(path, out / path.name)      # `staging` is in `out`: the same file system, whatever `out` links to
+            new.append(path.name)
         for path in out.iterdir():
-            if path.name.startswith("events.out.tfevents") and path.name.endswith(EVENT_SUFFIX) and path.is_file():
-                path.unlink()
-        for path in staging.iterdir() if staging is not None else ():
-            os.replace(path, out / path.name)
+            if path.name.startswith("events.out.tfevents") and path.name.endswith(EVENT_SUFFIX) and path.name not in new:
+                if path.is_file():
+                    path.unlink()
 
 # %% ../nbs/11a_export.ipynb #d989a996
 class ExportSummary(NamedTuple):
@@ -327,7 +335,7 @@ def export_history(history_path, to: str = "csv", out=None, *, follow: bool = Fa
         if to == "tensorboard" and follow:          # a live export: written in place, replacing an earlier one at once
             replace_event_files(None, out)
         elif to == "tensorboard":                    # a whole export: written aside, then put in place of an earlier one
-            staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+            staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
         exporter = _Exporter(history_path, EXPORT_SINKS[to](staging or out))
         try:
             stopped = _follow(exporter, poll, timeout, idle, sleep, clock) if follow else "once"

@@ -221,12 +221,17 @@ def test_keys_that_tensorboard_would_merge_are_refused(tmp_path):
 def test_values_beyond_float32_are_counted_and_said(tmp_path, capsys):
     need("tensorboardX", "tensorboard")
     h = History()
-    for step, value in enumerate([0.5, 1e300, -1e-320, 0.0, math.inf, math.nan, 3.0e38]):
+    top = float(np.finfo(np.float32).max)
+    values = [0.5, 1e300, -1e-320, 0.0, math.inf, math.nan, 3.0e38,
+              top * (1 + 1e-9), 2.0 ** -150, 2.0 ** -149]     # rounds to max (kept), to 0 (a tie, to even), the least subnormal
+    for step, value in enumerate(values):
         h.record("odd/x", step, value)
     path = h.save_jsonl(tmp_path / "h.jsonl")
-    assert export_history(path, "tensorboard", tmp_path / "tb").overflows == 2
+    assert export_history(path, "tensorboard", tmp_path / "tb").overflows == 3
     assert export_main([str(path), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
-    assert "2 values lie beyond float32's range" in capsys.readouterr().out
+    assert "3 values lie beyond float32's range" in capsys.readouterr().out
+    got = [e.value for e in event_accumulator(tmp_path / "tb").Scalars("odd/x")]
+    assert sum((v != 0 and math.isfinite(v)) and (math.isinf(g) or g == 0) for v, g in zip(values, got)) == 3
 
 
 def test_an_interrupted_csv_export_leaves_both_files_of_the_earlier_one(run_history, tmp_path, monkeypatch):
