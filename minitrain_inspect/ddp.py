@@ -34,14 +34,15 @@ __all__ = ['ROW_WIDTH', 'SHARDED', 'SUMMED', 'MERGED', 'HEADER', 'EMPTY_ROW', 'M
            'COLLECTIVE_WORDS', 'DDP_FLUSH_EVERY', 'DEMO_SPEC', 'MAX_DEMO_WORLD', 'check_counts', 'residual_row',
            'DDPOps', 'row_moments', 'merge_rows', 'merged_numbers', 'numbers_moments', 'merge_row_block', 'unit_counts',
            'unit_points', 'DDPUnitPanel', 'kept_kind', 'sort_kept', 'layout_signature', 'layout_names', 'check_layouts',
-           'merged_points', 'fixed_points', 'rank_mean', 'loss_points', 'loss_spread', 'spread_points', 'gather_rows',
-           'sum_across', 'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing', 'rank0_rows',
-           'DDPReplace', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge', 'local_grad_hook',
-           'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure', 'read_failures',
-           'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band', 'worst_rank_note',
-           'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group', 'launch', 'shard_values',
-           'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command', 'run_ranks', 'worker_result',
-           'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command', 'ddp_demo_main']
+           'layout_head', 'merged_points', 'fixed_points', 'rank_mean', 'loss_points', 'loss_spread', 'spread_points',
+           'gather_rows', 'sum_across', 'kept_values', 'stacked', 'DDPPack', 'split_sums', 'cut_gathered', 'differing',
+           'rank0_rows', 'DDPReplace', 'DDPUnpack', 'DDPNormPoints', 'stop_reason', 'DDPStop', 'DDPMerge',
+           'local_grad_hook', 'global_sq_norm', 'DDPNorms', 'CollectiveGuard', 'DDPGuard', 'RankFailure',
+           'read_failures', 'is_collective_error', 'DDPFailureStore', 'DDPFailure', 'DDPInspector', 'rank_band',
+           'worst_rank_note', 'add_rank_note', 'save_ddp_dashboard', 'save_run', 'free_port', 'loopback_group',
+           'launch', 'shard_values', 'probe_class', 'ddp_worker', 'leave', 'ddp_worker_main', 'worker_command',
+           'run_ranks', 'worker_result', 'add_ddp_demo_arguments', 'demo_spec', 'demo_lines', 'ddp_demo_command',
+           'ddp_demo_main']
 
 # %% ../nbs/14b_ddp.ipynb #ec607ca7
 ROW_WIDTH = 8   # n, mean, ‖x − mean‖, min, max, non-finite count, NaN count, residual sum(x - mean) over the finite values
@@ -255,11 +256,18 @@ def layout_names(kept: dict, norm_steps: list) -> list:
 
 # %% ../nbs/14b_ddp.ipynb #ec95614a
 def check_layouts(headers: list) -> None:
-    "Raise RuntimeError naming the ranks whose layout signature differs from rank 0's (`headers`: one per rank)."
-    differ = [r for r, h in enumerate(headers) if h[0] != headers[0][0]]
+    "Raise RuntimeError naming the ranks whose layout differs from rank 0's (`headers`: `layout_head`'s, one per rank)."
+    differ = [r for r, h in enumerate(headers) if list(h) != list(headers[0])]
     if differ:
         raise RuntimeError(f"ranks {differ} packed a different layout from rank 0 at this flush (a schedule or a thinning "
-                           "that differs between ranks?): every decision that changes what is gathered must be collective")
+                           "that differs between ranks, or a module called a different number of times in the step?): "
+                           "every decision that changes what is gathered must be collective")
+
+
+def layout_head(packed):
+    "The first thing a flush gathers: the packed vector's layout signature and its length, two numbers that every rank can send."
+    torch = require_torch()
+    return torch.stack([packed[0], torch.tensor(float(packed.numel()), dtype=torch.float64, device=packed.device)])
 
 # %% ../nbs/14b_ddp.ipynb #7f9626f5
 def merged_points(state: dict, keys: list, nonfinite_key: str, *tms: TensorMoments) -> list:
@@ -525,9 +533,9 @@ class DDPMerge(DDPPack, DDPUnpack, DDPNormPoints, DDPStop):
         kept, parts, sizes = self._pack()
         packed = self._packed(parts, layout_names(kept, [step for step, _, _ in self._norms]))
         gather_start = time.perf_counter()
+        check_layouts(gather_rows(layout_head(packed), self._collective, self.group))   # before a gather of unequal sizes
         ranks = gather_rows(packed, self._collective, self.group)
-        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collective, waiting for the slowest rank included
-        check_layouts(ranks)
+        self.gather_seconds.append(time.perf_counter() - gather_start)   # the collectives, waiting for the slowest rank included
         rows, same, losses, norms, sums = cut_gathered(ranks, self._header_size(), sizes)
         spread = loss_spread(losses)          # mean, min, max, worst rank of each loss over the ranks
         self._decide_stop(kept["loss"], losses, spread[0], ranks[:, 1].tolist())
@@ -863,7 +871,7 @@ def probe_class():
     return Probe
 
 # %% ../nbs/14b_ddp.ipynb #0cb4e943
-DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0, "accum": 1,
+DEMO_SPEC = {"world": 2, "steps": 200, "flush_every": DDP_FLUSH_EVERY, "batch": [32, 32], "seed": 0, "model": "mlp", "offset": 0.0, "accum": 1, "extra_calls": None,
              "schedules": None, "nan_at": None, "raise_at": None, "sleep": None, "width": 32, "inspector": "ddp", "budget": None, "out": None, "timeout": 60.0, "join_timeout": 120.0, "port": None}
 
 
@@ -910,6 +918,10 @@ def _one_step(spec, step, ddp_model, loss_fn, optimizer, inspector, batch):
         else:
             loss = loss_fn(out, y)
         loss.backward()
+    if spec["extra_calls"]:                 # forward calls of the model itself, no backward: more calls on some ranks
+        with require_torch().no_grad():
+            for _ in range(spec["extra_calls"][spec["rank"]]):
+                _unwrap(ddp_model)(x)
     optimizer.step()
     return loss
 

@@ -163,6 +163,16 @@ def test_a_step_of_accumulated_batches_is_one_point_of_them_all(tmp_path):
     assert json.loads((tmp_path / "snapshot.json").read_text())["Probe"]["n"] == union.size
 
 
+def test_ranks_that_call_a_module_a_different_number_of_times_get_a_named_error():
+    "Rank 0 calls its model once more per step: the gathered layouts differ, and every rank says so, none aborts or hangs."
+    spec = {"world": 2, "batch": [4, 4], "model": "probe", "steps": 3, "flush_every": 1, "extra_calls": [1, 0],
+            "schedules": {"activations": 1}}
+    results = run(spec)
+    for rank, (rc, _, err) in enumerate(results):
+        assert rc not in (0, -6), f"rank {rank} exited {rc}"                  # -6: SIGABRT, gloo's size mismatch
+        assert "packed a different layout from rank 0" in err and "called a different number of times" in err, err[-2000:]
+
+
 def test_one_history_from_rank_zero(tmp_path):
     "Rank 0 writes history, snapshot and dashboard; the other ranks write nothing; the history has the world and the spread."
     results = ok(run({"world": 2, "batch": [16, 48], "steps": 12, "flush_every": 5, "out": str(tmp_path)}))
