@@ -25,7 +25,8 @@ import numpy as np
 from .stats import _PLAIN, _SAFE_MEAN, TensorMoments, _ldexp, _normalize, atomic_output, atomic_write_text, check_int, fold_moments, merge_moments
 from .inspect import DEFAULT_SCHEDULES, BudgetGuard
 from .torch_inspect import (SATURATION, UNIT_RANGES, Later, TorchHandle, TorchInspector, TorchOps, TorchUnitPanel,
-                                             _units_last, first_tensor, group_points, moment_points, square_parts, torch_activation_kind,
+                                             _units_last, first_tensor, group_points, moment_points, square_parts, step_points,
+                                             torch_activation_kind,
                                              torch_moments)
 from .twin import INSTALL_HINT, require_torch, torch_available
 
@@ -270,12 +271,10 @@ def layout_head(packed):
     return torch.stack([packed[0], torch.tensor(float(packed.numel()), dtype=torch.float64, device=packed.device)])
 
 # %% ../nbs/14b_ddp.ipynb #7f9626f5
-def merged_points(state: dict, keys: list, nonfinite_key: str, *tms: TensorMoments) -> list:
+def merged_points(state: dict, keys: list, nonfinite_key: str, *tms: TensorMoments, carry: dict | None = None) -> list:
     """At the flush: fold the merged moments `tms` (one per call of the tensor in the step) into `state`, in order; the
-    points of the fields of all of them merged, and of their non-finite count if any."""
-    tm = functools.reduce(merge_moments, [fold_moments(state, tm) for tm in tms])
-    points = [(key, field(tm)) for key, field in keys]
-    return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
+    points of all of them merged (`step_points`, with the step's `carry`)."""
+    return step_points(keys, nonfinite_key, functools.reduce(merge_moments, [fold_moments(state, tm) for tm in tms]), carry)
 
 # %% ../nbs/14b_ddp.ipynb #1089c2f2
 def fixed_points(points: list) -> list:
@@ -438,7 +437,7 @@ class DDPReplace:
             columns = range(first, first + len(entry[4].tensors))
             tms = [extreme[t] if t in extreme else numbers_moments(numbers[t]) for t in columns]   # merge_rows' M2 may carry an exponent
             state, keys, nonfinite_key = entry[4].finish.args[:3]      # those of the panel's moment_points
-            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, *tms))
+            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, *tms, **entry[4].finish.keywords))
             first = columns.stop
 
     def _unpack_losses(self, entries: list, spread: tuple) -> None:

@@ -39,17 +39,18 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'square_parts',
            'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
            'as_matrix', 'TorchSpectralNorm', 'lane_row', 'power_scales', 'scaled_norm', 'TorchNorms', 'TorchOps',
-           'first_tensor', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel',
-           'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points',
-           'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
-           'recomputing', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
-           'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired',
-           'TorchSteps', 'recomputed_per_example', 'kept_examples', 'torch_loss_hook', 'TorchModuleHooks',
-           'TorchStepHooks', 'TorchLoss', 'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params',
-           'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
-           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
-           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
-           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
+           'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
+           'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
+           'TorchGroupLossPanel', 'ratio_points', 'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel',
+           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'torch_forward_hook', 'output_grad_hook',
+           'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch',
+           'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example', 'kept_examples',
+           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'check_group_names', 'TorchLabels',
+           'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text',
+           'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler',
+           'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -360,12 +361,20 @@ def first_tensor(output):
     return output if isinstance(output, torch.Tensor) else None
 
 # %% ../nbs/14a_torch.ipynb #b7cdf1be
-def moment_points(state: dict, keys: list, nonfinite_key: str, *rows) -> list:
-    """At the flush: fold the moments of one tensor's calls in a step (`rows`, on the host) into `state`, in order; the
-    points of the fields of all of them merged, and of their non-finite count if any."""
-    tm = functools.reduce(merge_moments, [fold_moments(state, host_moments(row)) for row in rows])
+def step_points(keys: list, nonfinite_key: str, tm: TensorMoments, carry: dict | None = None) -> list:
+    """The points of the fields of `tm` (one tensor's calls in a step), and of its non-finite count if any. `carry`, the
+    step's own dict: holds the moments flushed before in the same step (a flush between two calls), merged in here."""
+    if carry is not None:
+        tm = carry["tm"] = merge_moments(carry["tm"], tm) if "tm" in carry else tm
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
+
+
+def moment_points(state: dict, keys: list, nonfinite_key: str, *rows, carry: dict | None = None) -> list:
+    """At the flush: fold the moments of one tensor's calls in a step (`rows`, on the host) into `state`, in order; the
+    points of all of them merged (`step_points`)."""
+    tm = functools.reduce(merge_moments, [fold_moments(state, host_moments(row)) for row in rows])
+    return step_points(keys, nonfinite_key, tm, carry)
 
 # %% ../nbs/14a_torch.ipynb #38dbaf79
 class TorchTensorPanel(TensorPanel):
@@ -379,14 +388,16 @@ class TorchTensorPanel(TensorPanel):
         if x.layout != require_torch().strided:    # a sparse gradient (`nn.Embedding(sparse=True)`): the dense tensor it stands for
             x = x.to_dense()
         row = self.ops.moments_row(x)
-        step, at, later = self._calls.get((prefix, name), (None, 0, None))
+        step, at, later, carry = self._calls.get((prefix, name), (None, 0, None, None))
         if step == self.step and at < len(self.pending) and self.pending[at][2] is later:   # called before in this step
             self.pending[at] = (None, step, later := Later(later.finish, later.tensors + (row,)))   # merged at the flush
-        else:
-            finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys, f"{prefix}/{name}/nonfinite")
+        else:                   # the step's first call, or one after a flush in mid-step (`carry` holds what it flushed)
+            carry = carry if step == self.step else {}
+            finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys,
+                                       f"{prefix}/{name}/nonfinite", carry=carry)
             self.record(None, later := Later(finish, (row,)))
             at = len(self.pending) - 1
-        self._calls[prefix, name] = (self.step, at, later)
+        self._calls[prefix, name] = (self.step, at, later, carry)
 
 # %% ../nbs/14a_torch.ipynb #7fb69126
 class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
