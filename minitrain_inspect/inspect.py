@@ -30,9 +30,9 @@ __all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 
            'WeightNormPanel', 'GuardRecords', 'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview',
            'GuardThinning', 'BudgetGuard', 'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords',
            'InspectorRemoval', 'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks',
-           'InspectorHooks', 'InspectorAttach', 'InspectorAttachSteps', 'InspectorUndo', 'InspectorLabels',
-           'InspectorRun', 'Inspector', 'register_adapter', 'find_adapter', 'forward_hook', 'param_hook',
-           'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle', 'welford_update']
+           'InspectorHooks', 'InspectorAttach', 'module_paths', 'alias_notes', 'InspectorAttachSteps', 'InspectorUndo',
+           'InspectorLabels', 'InspectorRun', 'Inspector', 'register_adapter', 'find_adapter', 'forward_hook',
+           'param_hook', 'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle', 'welford_update']
 
 # %% ../nbs/10_inspect.ipynb #49f29731
 PANELS = ("loss", "activations", "gradients", "updates", "spectral", "units", "per_class")   # the built-in seven
@@ -907,6 +907,27 @@ class InspectorAttach:
 # %% ../nbs/10_inspect.ipynb #7d4ef623
 _UNDONE_META = ("layers", "params", "module_types", "histogram", "notes", "loss")
 
+# %% ../nbs/10_inspect.ipynb #b44fd104
+def module_paths(model: Module, prefix: str = ""):
+    "Every `(name, module)` of `model`'s tree, a module reachable under several names once per name (a shared subtree walked once)."
+    seen, stack = set(), [(prefix, model)]
+    while stack:
+        name, module = stack.pop()
+        yield name, module
+        if id(module) not in seen:
+            seen.add(id(module))
+            stack.extend(reversed([(f"{name}.{n}" if name else n, m) for n, m in module.named_children()]))
+
+
+def alias_notes(pairs, is_leaf) -> list[str]:
+    "A note for each leaf module met under more than one name in `pairs` (`(name, module)`, repeats included)."
+    names = {}
+    for name, module in pairs:
+        if is_leaf(module):
+            names.setdefault(id(module), []).append(name)
+    return [f"module {found[0]!r} is also {', '.join(map(repr, found[1:]))}: one module, one hook, so all its calls "
+            f"in a step are measured together under {found[0]!r}" for found in names.values() if len(found) > 1]
+
 # %% ../nbs/10_inspect.ipynb #56dd17a6
 class InspectorAttachSteps(InspectorAttach):
     "Registering every hook of a model: leaf modules, parameters, the loss module, the optimiser."
@@ -920,6 +941,8 @@ class InspectorAttachSteps(InspectorAttach):
                 label = name or type(module).__name__
                 self.register_forward(label, module)
                 self.register_grad_output(label, module)
+        for note in alias_notes(module_paths(model), Module.is_leaf):
+            self.note(note)
         for name, param in self.params:
             self.register_backward(name, param)
         if self.loss_fn is not None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .inspect import (DEFAULT_SCHEDULES, EVENTS, EVERY_STEP, ActivationPanel, GradientPanel, Inspector, LossPanel, NumpyNorms,
                                        PerClassPanel, Records, SpectralPanel, TensorPanel, UnitPanel, UpdatePanel, _all_panels,
-                                       check_name, register_adapter)
+                                       alias_notes, check_name, register_adapter)
 from .panels import ACTIVATION_RANGES, History, as_schedule
 from . import speed
 from .speed import _lane_input, lane_moments
@@ -1062,6 +1062,8 @@ class TorchAttach:
         self.model = model
         for label, module in watched_modules(model, self._module_names):
             self.register_forward(label, module)
+        for note in alias_notes(model.named_modules(remove_duplicate=False), lambda m: next(m.children(), None) is None):
+            self.note(note)
         for name, param in self.params:     # frozen ones too: a frozen parameter has no gradient, one unfrozen later has
             self.register_backward(name, param)
         if is_torch_module(self.loss_fn):
