@@ -401,13 +401,16 @@ class _ModuleTree:
         for _, child in self.named_children():
             yield child
 
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
-        "This module (named `prefix`) and every descendant, depth first, each once."
+    def named_modules(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+        """This module (named `prefix`) and every descendant, depth first, each once; with `remove_duplicate=False`, as in
+        PyTorch, a module two parents share once under each of its names (its own descendants still once)."""
         seen = set()
         stack = [(prefix, self)]
         while stack:
             name, module = stack.pop()
             if id(module) in seen:
+                if not remove_duplicate:
+                    yield name, module
                 continue
             seen.add(id(module))
             yield name, module

@@ -249,8 +249,7 @@ def _kept_name(panel, key, value) -> str:
 def layout_names(kept: dict, norm_steps: list) -> list:
     "The names of a pack's layout: each kind of `kept` (`sort_kept`), then its values' names (a sum's with its sizes); the norms' steps."
     sizes = lambda v: ",".join(str(t.numel()) for t in v.tensors)
-    calls = lambda v: f"{v.finish.args[2]}*{len(v.tensors)}"     # a tensor's key and its calls in the step
-    return (["rows"] + [calls(v) for *_, v in kept["rows"]] + ["same"] + [calls(v) for *_, v in kept["same"]]
+    return (["rows"] + [v.finish.args[2] for *_, v in kept["rows"]] + ["same"] + [v.finish.args[2] for *_, v in kept["same"]]
             + ["loss"] + [key for _, _, key, _, _ in kept["loss"]]
             + ["sum"] + [f"{_kept_name(p, key, v)}:{sizes(v)}" for p, _, key, _, v in kept["sum"]]
             + ["norms"] + [str(step) for step in norm_steps])
@@ -271,10 +270,9 @@ def layout_head(packed):
     return torch.stack([packed[0], torch.tensor(float(packed.numel()), dtype=torch.float64, device=packed.device)])
 
 # %% ../nbs/14b_ddp.ipynb #7f9626f5
-def merged_points(state: dict, keys: list, nonfinite_key: str, *tms: TensorMoments, carry: dict | None = None) -> list:
-    """At the flush: fold the merged moments `tms` (one per call of the tensor in the step) into `state`, in order; the
-    points of all of them merged (`step_points`, with the step's `carry`)."""
-    return step_points(keys, nonfinite_key, functools.reduce(merge_moments, [fold_moments(state, tm) for tm in tms]), carry)
+def merged_points(state: dict, keys: list, nonfinite_key: str, tm: TensorMoments, carry: dict | None = None) -> list:
+    "At the flush: fold the merged moments `tm` into `state`; the points of `step_points` (with the step's `carry`)."
+    return step_points(keys, nonfinite_key, fold_moments(state, tm), carry)
 
 # %% ../nbs/14b_ddp.ipynb #1089c2f2
 def fixed_points(points: list) -> list:
@@ -367,7 +365,7 @@ class DDPPack:
     def _pack(self):
         "(the kept values by kind; the float64 vectors to pack, in order: rows, same, losses, norms, sums; their numbers per kind)."
         torch, kept = require_torch(), sort_kept(self.panels)
-        rows, same = ([t for e in kept[kind] for t in e[4].tensors] for kind in ("rows", "same"))  # a row per call of a tensor
+        rows, same = [e[4].tensors[0] for e in kept["rows"]], [e[4].tensors[0] for e in kept["same"]]    # (panel, i, key, step, value)
         losses = [v if v.dim() == 0 else v.reshape(-1)[0] for v in kept_values(kept["loss"])]    # a loss: its (first) number
         norms = [t for _, local_sq, global_sq in self._norms for t in (local_sq, global_sq)]
         sums = [t.reshape(-1).to(torch.float64) for v in kept_values(kept["sum"]) for t in v.tensors]
@@ -432,13 +430,10 @@ class DDPReplace:
     def _unpack_moments(self, entries: list, block) -> None:
         "Every tensor's rows merged at once (`merged_numbers`, rank order); the panel's state and keys then fold the merged moments."
         numbers, extreme = merged_numbers(block) if entries else ([], {})
-        first = 0
-        for entry in entries:                   # an entry's calls in the step: as many columns, side by side
-            columns = range(first, first + len(entry[4].tensors))
-            tms = [extreme[t] if t in extreme else numbers_moments(numbers[t]) for t in columns]   # merge_rows' M2 may carry an exponent
+        for t, (entry, row) in enumerate(zip(entries, numbers)):
+            tm = extreme[t] if t in extreme else numbers_moments(row)   # merge_rows' M2 may carry an exponent of its own
             state, keys, nonfinite_key = entry[4].finish.args[:3]      # those of the panel's moment_points
-            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, *tms, **entry[4].finish.keywords))
-            first = columns.stop
+            self._replace(entry, functools.partial(merged_points, state, keys, nonfinite_key, tm, **entry[4].finish.keywords))
 
     def _unpack_losses(self, entries: list, spread: tuple) -> None:
         "Each loss: the mean over ranks and its spread (`spread_points` of `loss_spread`), as fixed points."
@@ -463,8 +458,7 @@ class DDPUnpack(DDPReplace):
         self._unpack_moments(kept["rows"] + kept["same"], np.concatenate([rows, rank0_rows(same)], axis=1))
         self._unpack_losses(kept["loss"], spread)
         self._unpack_sums(kept["sum"], sums)
-        owners = [entry for entry in kept["same"] for _ in entry[4].tensors]     # the entry of each column
-        disagree = list(dict.fromkeys(owners[t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)))
+        disagree = [kept["same"][t][4].finish.args[2].rsplit("/", 1)[0] for t in differing(same)]
         if disagree:
             self.note(f"ranks disagree on {', '.join(disagree[:5])} (read after the allreduce: expected equal)")
 

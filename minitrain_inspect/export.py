@@ -100,6 +100,7 @@ class CsvSink:
     holds every point added so far, by series (first seen first), then step."""
 
     FILES = ("scalars.csv", "histograms.csv")
+    overflows = 0      # every float64 written exactly (TensorBoardSink counts what its float32 loses)
 
     def __init__(self, out: Path):
         self.out, self.scalars, self.histograms = Path(out), {}, {}
@@ -353,7 +354,7 @@ def export_history(history_path, to: str = "csv", out=None, *, follow: bool = Fa
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return ExportSummary(exporter.points, exporter.histograms, exporter.reads, stopped, out,
-                         getattr(exporter.sink, "overflows", 0))
+                         exporter.sink.overflows)
 
 # %% ../nbs/11a_export.ipynb #3789e6e0
 def add_export_command(sub) -> argparse.ArgumentParser:

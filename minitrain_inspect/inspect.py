@@ -30,7 +30,7 @@ __all__ = ['PANELS', 'DEFAULT_SCHEDULES', 'EVERY_STEP', 'NORM_ERROR', 'EVENTS', 
            'WeightNormPanel', 'GuardRecords', 'GuardBase', 'GuardTiming', 'GuardProjection', 'GuardReview',
            'GuardThinning', 'BudgetGuard', 'InspectorSteps', 'InspectorStepEnd', 'InspectorReading', 'InspectorRecords',
            'InspectorRemoval', 'InspectorReset', 'InspectorSwitch', 'InspectorRegistry', 'InspectorModuleHooks',
-           'InspectorHooks', 'InspectorAttach', 'module_paths', 'alias_notes', 'InspectorAttachSteps', 'InspectorUndo',
+           'InspectorHooks', 'InspectorAttach', 'alias_notes', 'InspectorAttachSteps', 'InspectorUndo',
            'InspectorLabels', 'InspectorRun', 'Inspector', 'register_adapter', 'find_adapter', 'forward_hook',
            'param_hook', 'grad_output_hook', 'loss_hook', 'optimizer_hooks', 'HookHandle', 'welford_update']
 
@@ -908,17 +908,6 @@ class InspectorAttach:
 _UNDONE_META = ("layers", "params", "module_types", "histogram", "notes", "loss")
 
 # %% ../nbs/10_inspect.ipynb #b44fd104
-def module_paths(model: Module, prefix: str = ""):
-    "Every `(name, module)` of `model`'s tree, a module reachable under several names once per name (a shared subtree walked once)."
-    seen, stack = set(), [(prefix, model)]
-    while stack:
-        name, module = stack.pop()
-        yield name, module
-        if id(module) not in seen:
-            seen.add(id(module))
-            stack.extend(reversed([(f"{name}.{n}" if name else n, m) for n, m in module.named_children()]))
-
-
 def alias_notes(pairs, is_leaf) -> list[str]:
     "A note for each leaf module met under more than one name in `pairs` (`(name, module)`, repeats included)."
     names = {}
@@ -941,7 +930,7 @@ class InspectorAttachSteps(InspectorAttach):
                 label = name or type(module).__name__
                 self.register_forward(label, module)
                 self.register_grad_output(label, module)
-        for note in alias_notes(module_paths(model), Module.is_leaf):
+        for note in alias_notes(model.named_modules(remove_duplicate=False), Module.is_leaf):
             self.note(note)
         for name, param in self.params:
             self.register_backward(name, param)

@@ -158,6 +158,8 @@ class DirectFeedbackAlignment:
     """Observer: train with direct feedback alignment. For the run, the model's `backprop` in training mode is
     `dfa_backprop` with fixed matrices drawn from `seed`; in eval mode (the diagnosis's probe) it stays backprop."""
 
+    model = None      # until begin_run
+
     def __init__(self, seed: int = 0):
         self.seed = check_int(seed, "seed", 0)
 
@@ -174,7 +176,7 @@ class DirectFeedbackAlignment:
 
     def end_run(self) -> None:
         "Give the model its own `backprop` back (nothing to do before `begin_run`)."
-        if getattr(self, "model", None) is not None:
+        if self.model is not None:
             vars(self.model).pop("backprop", None)
 
 # %% ../nbs/15a_protocol.ipynb #d8fccce9

@@ -362,19 +362,17 @@ def first_tensor(output):
 
 # %% ../nbs/14a_torch.ipynb #b7cdf1be
 def step_points(keys: list, nonfinite_key: str, tm: TensorMoments, carry: dict | None = None) -> list:
-    """The points of the fields of `tm` (one tensor's calls in a step), and of its non-finite count if any. `carry`, the
-    step's own dict: holds the moments flushed before in the same step (a flush between two calls), merged in here."""
+    """The points of the fields of `tm` merged with the tensor's earlier calls in the step, and of its non-finite count if
+    any. `carry`, the step's own dict, holds those calls' merged moments: the last call's points cover every call."""
     if carry is not None:
         tm = carry["tm"] = merge_moments(carry["tm"], tm) if "tm" in carry else tm
     points = [(key, field(tm)) for key, field in keys]
     return points + [(nonfinite_key, tm.nonfinite)] if tm.nonfinite else points
 
 
-def moment_points(state: dict, keys: list, nonfinite_key: str, *rows, carry: dict | None = None) -> list:
-    """At the flush: fold the moments of one tensor's calls in a step (`rows`, on the host) into `state`, in order; the
-    points of all of them merged (`step_points`)."""
-    tm = functools.reduce(merge_moments, [fold_moments(state, host_moments(row)) for row in rows])
-    return step_points(keys, nonfinite_key, tm, carry)
+def moment_points(state: dict, keys: list, nonfinite_key: str, row: list, carry: dict | None = None) -> list:
+    "At the flush: fold one tensor's moments (`row`, on the host) into `state`; the points of `step_points`."
+    return step_points(keys, nonfinite_key, fold_moments(state, host_moments(row)), carry)
 
 # %% ../nbs/14a_torch.ipynb #38dbaf79
 class TorchTensorPanel(TensorPanel):
@@ -387,17 +385,13 @@ class TorchTensorPanel(TensorPanel):
             keys = self._keys[prefix, name] = [(f"{prefix}/{name}/{field}", self.FIELDS[field]) for field in self.fields]
         if x.layout != require_torch().strided:    # a sparse gradient (`nn.Embedding(sparse=True)`): the dense tensor it stands for
             x = x.to_dense()
-        row = self.ops.moments_row(x)
-        step, at, later, carry = self._calls.get((prefix, name), (None, 0, None, None))
-        if step == self.step and at < len(self.pending) and self.pending[at][2] is later:   # called before in this step
-            self.pending[at] = (None, step, later := Later(later.finish, later.tensors + (row,)))   # merged at the flush
-        else:                   # the step's first call, or one after a flush in mid-step (`carry` holds what it flushed)
-            carry = carry if step == self.step else {}
-            finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys,
-                                       f"{prefix}/{name}/nonfinite", carry=carry)
-            self.record(None, later := Later(finish, (row,)))
-            at = len(self.pending) - 1
-        self._calls[prefix, name] = (self.step, at, later, carry)
+        step, carry = self._calls.get((prefix, name), (None, None))
+        if step != self.step:   # the step's first call: a fresh carry, which every call of the step merges into
+            carry = {}
+            self._calls[prefix, name] = (self.step, carry)
+        finish = functools.partial(moment_points, self.stats[name if stat is None else stat], keys,
+                                   f"{prefix}/{name}/nonfinite", carry=carry)
+        self.record(None, Later(finish, (self.ops.moments_row(x),)))
 
 # %% ../nbs/14a_torch.ipynb #7fb69126
 class TorchActivationPanel(TorchTensorPanel, ActivationPanel):
