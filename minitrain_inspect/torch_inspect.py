@@ -42,13 +42,13 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
            'TorchGroupLossPanel', 'ratio_points', 'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel',
-           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'torch_forward_hook', 'output_grad_hook',
-           'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch',
-           'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example', 'kept_examples',
-           'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'check_group_names', 'TorchLabels',
-           'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text',
-           'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler',
-           'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'fresh_output', 'torch_forward_hook',
+           'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order',
+           'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
+           'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'check_group_names',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
            'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
            'classic_plots']
 
@@ -621,6 +621,22 @@ def recomputing() -> bool:
     "True while autograd runs a backward pass: a module's forward there is checkpointing's recomputation of one seen already."
     return sys.modules["torch"]._C._current_graph_task_id() != -1
 
+# %% ../nbs/14a_torch.ipynb #7b402aba
+def fresh_output(inspector, name: str) -> bool:
+    """Whether the training-mode output of the module watched as `name` is measured now: not one computed without
+    gradients (an evaluation under `torch.no_grad()`, or the reentrant checkpoint's first forward), which is remembered
+    in `inspector._unmeasured`, and not a recomputation of one measured already."""
+    if recomputing():                    # measured only if its first forward was not (the reentrant kind)
+        if name in inspector._unmeasured:
+            inspector._unmeasured.discard(name)
+            return True
+        return False
+    if not sys.modules["torch"].is_grad_enabled():
+        inspector._unmeasured.add(name)
+        return False
+    inspector._unmeasured.discard(name)
+    return True
+
 # %% ../nbs/14a_torch.ipynb #5b0408f9
 def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
@@ -630,7 +646,7 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         if not module.training:
             return
         due = inspector._due["on_forward"]
-        if due and not recomputing():    # most steps no panel is due: only the count above
+        if due and fresh_output(inspector, name):    # most steps no panel is due: only the count above
             inspector._measure(due, "on_forward", name, module, output)
         if inspector._due["on_grad_output"]:
             inspector._hook_output(name, module, output)
@@ -677,7 +693,8 @@ def missing_hooks(expected: set | None, fired: dict, watched) -> tuple[set, set]
 # %% ../nbs/14a_torch.ipynb #d9007cbc
 def missing_message(missing: int, expected: int, step: int) -> str:
     "The warning for hooks that did not fire."
-    return f"{missing} of {expected} forward hooks did not fire at step {step} (the model may be compiled)"
+    why = "the model may be compiled" if missing >= expected else "a branch not taken, or a compiled part of the model"
+    return f"{missing} of {expected} forward hooks did not fire at step {step} ({why})"
 
 # %% ../nbs/14a_torch.ipynb #64e46149
 class TorchHandle:
@@ -834,13 +851,13 @@ class TorchSteps(TorchFired):
     def _end_step(self) -> None:
         if self._enabled and self._model_training() and self._fired_whole_step:
             self._check_fired()
-        self._fired, self._fired_whole_step = {}, True
+        self._fired, self._fired_whole_step, self._unmeasured = {}, True, set()
         self._drop_tensor_hooks()
         super()._end_step()
 
     def reset(self) -> None:
         "Forget all statistics, history and what was learned of the hooks; start again at step 0; the hooks stay."
-        self._fired, self._expected, self._warned = {}, None, None
+        self._fired, self._expected, self._warned, self._unmeasured = {}, None, None, set()
         super().reset()
 
 # %% ../nbs/14a_torch.ipynb #56749fae
@@ -961,7 +978,7 @@ class TorchLoss:
             raise TypeError(f"record_loss needs the batch loss as a tensor of one value, got {reprlib.repr(loss)}")
         if per_example is not None and not isinstance(per_example, torch.Tensor):
             raise TypeError(f"per_example must be a tensor of the batch's per-example losses, got {type(per_example).__name__}")
-        training = self._model_training()
+        training = self._model_training() and (torch.is_grad_enabled() or loss.requires_grad)   # no_grad: an evaluation
         panels = self._due["on_loss"] if training else self._listeners["on_loss"]
         self._measure(panels, "on_loss", loss, per_example, labels if training else None, training)
 
