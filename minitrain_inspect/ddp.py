@@ -640,7 +640,8 @@ def read_failures(store, run: str, world: int, me: int, wait: float = 3.0) -> st
                 if store.check([key]):
                     return f"rank {rank} failed: {store.get(key).decode('utf-8', 'replace')}"
         except Exception as exc:      # the store's host (rank 0) is gone
-            return f"rank 0 (the rendezvous store's host) is unreachable, it has probably failed ({type(exc).__name__})"
+            return (f"rank 0 (the rendezvous store's host) is unreachable: it failed, or ended, or gave up waiting for "
+                    f"this rank ({type(exc).__name__})")
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
@@ -666,10 +667,13 @@ class DDPFailureStore:
             self.store = dist.distributed_c10d._get_default_store()    # the process group's rendezvous store
         return self.store
 
-    def _report_failure(self, exc) -> None:
+    def _report_failure(self, exc, collective: bool = False) -> None:
+        "Leave this rank's report; `collective`: its error came from a collective, with no other rank's report to explain it."
+        why = "a collective failed and no rank reported an error (a rank slower than the timeout, stopped, or killed?): " \
+            if collective else ""
         try:
             self._store().set(FAILURE_KEY.format(run=self.run_name, rank=self.rank),
-                              f"at step {self.step}: {type(exc).__name__}: {exc}"[:2000])
+                              f"at step {self.step}: {why}{type(exc).__name__}: {exc}"[:2000])
         except Exception:          # the store is gone too: the others will say so
             pass
 
@@ -679,14 +683,18 @@ class DDPFailure(DDPFailureStore):
 
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
-            return super().__exit__(exc_type, exc, tb)
+            try:
+                return super().__exit__(exc_type, exc, tb)      # the closing flush: a collective, where a peer may fail
+            except Exception as closing:
+                self.__exit__(type(closing), closing, closing.__traceback__)     # a RankFailure if another rank reported
+                raise
         self._collective = False               # the others may be in another collective, or gone
         failure = None
         if self.world_size > 1:       # a collective's error: another rank failed first (wait for its report); else: this one
             wait = self.failure_wait if is_collective_error(exc) else 0.0
             failure = read_failures(self._store(), self.run_name, self.world_size, self.rank, wait)
             if failure is None:
-                self._report_failure(exc)
+                self._report_failure(exc, is_collective_error(exc))
         self.history.meta["ddp"]["failure"] = failure or f"rank {self.rank} at step {self.step}: {type(exc).__name__}: {exc}"
         super().__exit__(exc_type, exc, tb)
         if failure is not None:
@@ -705,7 +713,11 @@ def _world(group) -> tuple[int, int]:
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:            # torch answers -1 to a process outside `group`
+        raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the group it was given: "
+                         "only the group's ranks may build its DDPInspector")
+    return rank, dist.get_world_size(group)
 
 # %% ../nbs/14b_ddp.ipynb #891bf00e
 DDP_FLUSH_EVERY = 50    # steps between merges by default: a stop comes at most this many steps late (see the closing note)
@@ -911,10 +923,9 @@ def _one_step(spec, step, ddp_model, loss_fn, optimizer, inspector, batch):
         else:
             loss = loss_fn(out, y)
         loss.backward()
-    if spec["extra_calls"]:                 # forward calls of the model itself, no backward: more calls on some ranks
-        with require_torch().no_grad():
-            for _ in range(spec["extra_calls"][spec["rank"]]):
-                _unwrap(ddp_model)(x)
+    if spec["extra_calls"]:     # forward calls of the model itself, no backward: more calls on some ranks (with gradients
+        for _ in range(spec["extra_calls"][spec["rank"]]):     # on, as a training forward: measured)
+            _unwrap(ddp_model)(x)
     optimizer.step()
     return loss
 
@@ -962,6 +973,8 @@ def _run_worker(spec: dict, store) -> dict:
             times.append(time.perf_counter() - start)
             if getattr(inspector, "should_stop", False):
                 break
+        if spec["raise_at"] == [spec["rank"], spec["steps"]]:    # after the loop: the others are in the closing flush
+            raise ValueError(f"injected failure on rank {spec['rank']} at step {spec['steps']}")
         if isinstance(inspector, DDPInspector):         # the loop's flushes, at the run's cadence
             loop = (list(inspector.merge_seconds), list(inspector.gather_seconds))
     saved = save_run(inspector, spec["out"], "data-parallel demo") if spec["out"] and isinstance(inspector, DDPInspector) else None

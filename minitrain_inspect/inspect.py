@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from typing import Callable
 
@@ -788,7 +789,8 @@ class InspectorRegistry:
         check_name(name)
         live = self._live.get(name)
         if live is not None and live.active:
-            raise ValueError(f"a statistic named {name!r} is already registered (and its hook is active)")
+            raise ValueError(f"a statistic named {name!r} is already registered (and its hook is active): is the "
+                             "Inspector attached already? remove_all() takes every hook off")
         if self.kinds.get(name, kind) != kind:
             raise ValueError(f"{name!r} holds {self.kinds[name]} statistics; it cannot be reused for {kind} "
                              "statistics (choose another name, or reset() the Inspector)")
@@ -1048,17 +1050,22 @@ def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
 
 # %% ../nbs/10_inspect.ipynb #dc5b7d63
 def _adapter_hint(value) -> str:
-    "A hint for an object of a framework whose adapter was not imported (its module registers it: `ADAPTERS` below)."
+    """A hint for an object of another framework: import its adapter (its module registers it: `ADAPTERS` below), or,
+    if it is imported, give the model too (the adapter is chosen by the model)."""
     framework = type(value).__module__.split(".")[0]
-    return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)" \
-        if framework == "torch" else ""
+    if framework != "torch":
+        return ""
+    if f"minitrain_inspect.{framework}_inspect" in sys.modules:
+        return f" (a {framework} optimizer or loss is watched with its model: Inspector(model, optimizer=..., loss_fn=...))"
+    return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)"
 
 
 def _check_kinds(model, optimizer, loss_fn, clock, flags: dict) -> None:
     "Refuse, naming it, an argument of the wrong kind."
     for label, value, kind in (("model", model, Module), ("optimizer", optimizer, Optimizer), ("loss_fn", loss_fn, Module)):
         if value is not None and not isinstance(value, kind):
-            raise TypeError(f"{label} must be a {kind.__name__}, got {type(value).__name__}" + _adapter_hint(value))
+            raise TypeError(f"{label} must be {'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__}, got "
+                            f"{type(value).__name__}" + _adapter_hint(value))
     if not callable(clock):
         raise TypeError(f"clock must be callable, got {type(clock).__name__}")
     for label, flag in flags.items():

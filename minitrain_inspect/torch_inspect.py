@@ -34,23 +34,23 @@ from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
 __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
-           'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS',
-           'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments',
-           'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'square_parts',
-           'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram',
-           'as_matrix', 'TorchSpectralNorm', 'lane_row', 'power_scales', 'scaled_norm', 'TorchNorms', 'TorchOps',
-           'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
+           'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CLOSURE_NOTE', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION',
+           'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR',
+           'TorchMoments', 'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row',
+           'square_parts', 'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health',
+           'torch_histogram', 'as_matrix', 'power_scales', 'TorchSpectralNorm', 'lane_row', 'scaled_norm', 'TorchNorms',
+           'TorchOps', 'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
            'TorchGroupLossPanel', 'ratio_points', 'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel',
            'TorchSpectralPanel', 'torch_panels', 'recomputing', 'fresh_output', 'torch_forward_hook',
            'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order',
            'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
-           'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'TorchStepHooks', 'TorchLoss', 'check_group_names',
-           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
-           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+           'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'closure_warning', 'TorchStepHooks', 'TorchLoss',
+           'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval',
+           'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint',
+           'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width',
+           'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms',
+           'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -227,10 +227,11 @@ def torch_unit_health(output, kind: str) -> tuple:
     stuck = x <= 0 if kind == "relu" else x.abs() > SATURATION
     seen = ~torch.isnan(x)
     units = (stuck | ~seen).all(dim=0) & seen.any(dim=0)
-    unit_count, output_count = seen.any(dim=0).sum(), seen.sum()
+    f64 = torch.float64        # counts in float64: int64 / int64 would give a float32 share
+    unit_count, output_count = seen.any(dim=0).sum(dtype=f64), seen.sum(dtype=f64)
     nan = torch.tensor(math.nan, dtype=torch.float64, device=x.device)
-    return (torch.where(unit_count > 0, units.sum() / unit_count, nan),
-            torch.where(output_count > 0, (stuck & seen).sum() / output_count, nan))
+    return (torch.where(unit_count > 0, units.sum(dtype=f64) / unit_count, nan),
+            torch.where(output_count > 0, (stuck & seen).sum(dtype=f64) / output_count, nan))
 
 # %% ../nbs/14a_torch.ipynb #885ad2f3
 def torch_histogram(output, kind: str, bins: int) -> tuple:
@@ -238,14 +239,22 @@ def torch_histogram(output, kind: str, bins: int) -> tuple:
     torch = require_torch()
     lo, hi = UNIT_RANGES[kind]
     x = output.detach().reshape(-1).to(torch.float64)
-    seen = (~torch.isnan(x)).sum().clamp(min=1)
+    seen = (~torch.isnan(x)).sum(dtype=torch.float64).clamp(min=1)
     counts = torch.histc(x, bins=bins, min=lo, max=hi)
-    return counts / seen, (x < lo).sum() / seen, (x > hi).sum() / seen
+    return counts / seen, (x < lo).sum(dtype=torch.float64) / seen, (x > hi).sum(dtype=torch.float64) / seen
 
 # %% ../nbs/14a_torch.ipynb #bb680925
 def as_matrix(weight):
     "A parameter as a matrix: (out, in·k·k) for a convolution's (out, in, k, ...) weight, the same matrix for a 2-D one."
     return weight.detach().reshape(weight.shape[0], -1)
+
+# %% ../nbs/14a_torch.ipynb #5c1e7a20
+def power_scales(tensors) -> list:
+    "For each float64 tensor, a 0-d power of two that brings its largest |value| near 1: its norms then scale exactly."
+    torch = require_torch()
+    tops = torch.stack(torch._foreach_max(torch._foreach_abs(tensors)))
+    exponent = torch.frexp(tops).exponent.clamp_(-1000, 1000)      # (the clamp keeps 2**-exponent a normal float64)
+    return list(torch.ldexp(torch.ones_like(tops), -exponent).unbind())
 
 # %% ../nbs/14a_torch.ipynb #47a7ded3
 class TorchSpectralNorm:
@@ -257,7 +266,11 @@ class TorchSpectralNorm:
     def estimate(self, W):
         "One round of power iteration (`warmup` rounds on the first call, or after a change of shape): σ as a 0-d tensor."
         torch = require_torch()
+        wide = W.dtype == torch.float64      # its squares may leave float64: iterate on W scaled by a power of two
         W = as_matrix(W).to(torch.float64) if self.scratch is None else self.scratch.take(W)[0].view(W.shape[0], -1)
+        (scale,) = power_scales([W]) if wide and W.numel() else (None,)
+        if scale is not None:
+            W = W * scale                    # exact, so σ below is exactly σ(W) · scale
         rounds = 1
         if self._v is None or self._v.shape[0] != W.shape[1] or self._v.device != W.device:
             generator = torch.Generator(device=W.device).manual_seed(self.seed)
@@ -269,7 +282,7 @@ class TorchSpectralNorm:
             w = W.T @ u
             size = torch.linalg.vector_norm(w)
             self._v = torch.where(size > 0, w / torch.where(size > 0, size, 1.0), self._v)
-        return sigma
+        return sigma if scale is None else sigma / scale
 
 # %% ../nbs/14a_torch.ipynb #1a27bf28
 def lane_row(x, kernels):
@@ -286,14 +299,6 @@ def lane_row(x, kernels):
     return torch.from_numpy(np.array([tm.n, tm.mean, _root(tm.m2, tm.m2_exp), tm.min, tm.max, 0.0, 0.0]))
 
 # %% ../nbs/14a_torch.ipynb #ff041d1d
-def power_scales(tensors) -> list:
-    "For each float64 tensor, a 0-d power of two that brings its largest |value| near 1: its norms then scale exactly."
-    torch = require_torch()
-    tops = torch.stack(torch._foreach_max(torch._foreach_abs(tensors)))
-    exponent = torch.frexp(tops).exponent.clamp_(-1000, 1000)      # (the clamp keeps 2**-exponent a normal float64)
-    return list(torch.ldexp(torch.ones_like(tops), -exponent).unbind())
-
-
 def scaled_norm(x, scale: bool = True):
     "‖x‖₂ of a float64 tensor, 0-d on its device; with `scale`, taken in units of a power of two near max |x| (`power_scales`)."
     torch = require_torch()
@@ -453,14 +458,16 @@ class TorchLossPanel(LossPanel):
 # %% ../nbs/14a_torch.ipynb #add5e089
 def group_sums(per_example, groups, count: int, kept=None) -> tuple:
     """Sum of `per_example` (float64) and number of examples in each of `count` groups, labels `groups`: device tensors.
-    `kept`, a boolean mask or None: only those examples count (the others, ignored by the loss, add nothing)."""
+    `kept`, a boolean mask or None: only those examples count (the others, ignored by the loss, add nothing); or float
+    weights (`kept_examples`' class weights): each example counts as its weight, and one of weight 0 adds nothing."""
     torch = require_torch()
     values = per_example.detach()
     values = (values if values.dim() == 1 else values.reshape(-1)).to(torch.float64)
     if kept is None:
         ones = torch.ones_like(values)
     else:
-        ones, values = kept.to(torch.float64), torch.where(kept, values, 0.0)
+        ones = kept.to(torch.float64)
+        values = torch.where(kept if kept.dtype == torch.bool else kept != 0, values, 0.0)
     sums = values.new_zeros(count).index_add_(0, groups, values)
     return sums, values.new_zeros(count).index_add_(0, groups, ones)
 
@@ -878,14 +885,20 @@ def recomputed_per_example(module, args):
 
 def kept_examples(module, args, labels):
     """The labels with, as a third item, the mask of the examples a `CrossEntropyLoss` or `NLLLoss` does not ignore
-    (target != `ignore_index`): an ignored example's loss is 0 and must not count in its group. Else the labels as given."""
+    (target != `ignore_index`): an ignored example's loss is 0 and must not count in its group. With class weights and
+    reduction='mean', the loss divides by the examples' weights, not their number: the third item is then each example's
+    class weight (0 where ignored). Else the labels as given."""
     torch = require_torch()
     if labels is None or type(module).__name__ not in ("CrossEntropyLoss", "NLLLoss") or len(args) < 2:
         return labels
     target = args[1]
     if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() != labels[0].numel():
         return labels       # class probabilities (nothing ignored), or not one target per labelled example
-    return (*labels[:2], target.reshape(-1) != module.ignore_index)
+    kept = target.reshape(-1) != module.ignore_index
+    if module.weight is None or module.reduction != "mean":
+        return (*labels[:2], kept)
+    weight = module.weight.detach().to(torch.float64)
+    return (*labels[:2], torch.where(kept, weight[torch.where(kept, target.reshape(-1), 0)], 0.0))
 
 
 def torch_loss_hook(inspector) -> Callable:
@@ -935,6 +948,22 @@ class TorchModuleHooks:
             self.history.meta["params"].append(name)
 
 # %% ../nbs/14a_torch.ipynb #71d9cf4d
+CLOSURE_NOTE = ("optimizer.step(closure): the closure evaluates the model inside the step, after the gradients are read "
+                "(those of the evaluation before), and maybe several times (LBFGS): loss/train and the activations "
+                "are the mean and the statistics of every evaluation in the step")
+
+
+def closure_warning(inspector) -> Callable:
+    "A step pre hook that says once (per attach), in the notes and as a warning, what a step taken with a closure measures."
+    said = []
+    def hook(optimizer, args, kwargs):
+        if any(callable(a) for a in (*args, kwargs.get("closure"))) and not said:    # args: (the optimizer, closure)
+            said.append(True)
+            inspector.note(CLOSURE_NOTE)
+            warnings.warn(CLOSURE_NOTE, RuntimeWarning, stacklevel=3)
+    return hook
+
+
 class TorchStepHooks:
     "Registering the hooks on the loss module and the optimiser."
 
@@ -960,7 +989,8 @@ class TorchStepHooks:
             self.note(f"updates: {', '.join(frozen)} not updated by the optimiser (frozen): no update ratio")
         pre_hook, post_hook = torch_step_hooks(self)
         handles = [self._keep_extra(TorchHandle(optimizer.register_step_pre_hook(pre_hook))),
-                   self._keep_extra(TorchHandle(optimizer.register_step_post_hook(post_hook)))]
+                   self._keep_extra(TorchHandle(optimizer.register_step_post_hook(post_hook))),
+                   self._keep_extra(TorchHandle(optimizer.register_step_pre_hook(closure_warning(self))))]
         self._optimizer_hooked = True
         return handles
 
@@ -969,7 +999,8 @@ class TorchLoss:
     "A loss handed over by the loss module's hook, or by hand."
 
     def record_loss(self, loss, per_example=None) -> None:
-        "Hand a batch loss (a 0-d tensor), and per-example losses if any, to the loss panels; for a loss with no hook."
+        """Hand a batch loss (a 0-d tensor), and per-example losses if any, to the loss panels; for a loss with no hook. A loss
+        computed in eval mode, or without gradients (under `torch.no_grad()`), is an evaluation: `loss/val`."""
         labels, self._labels = self._labels, None          # labels serve one batch only
         if not self._enabled:
             return
@@ -1023,6 +1054,8 @@ def watched_modules(model, names=None) -> list:
     "`(label, module)` pairs to watch: the modules named in `names`, or every leaf module and every MultiheadAttention."
     torch = require_torch()
     modules = dict(model.named_modules())
+    if isinstance(names, str):
+        raise TypeError(f"modules must be a list of module names, got the string {names!r} (write modules=[{names!r}])")
     if names is not None:
         unknown = [n for n in names if n not in modules]
         if unknown:

@@ -207,12 +207,13 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(world):
     assert {r["stopped"]["reason"] for r in results} == {f"training loss not finite on rank {world - 1} at step 5"}
 
 
-@pytest.mark.parametrize("failing", [1, 0])
-def test_a_raising_rank_is_named_and_nobody_hangs(failing):
-    "A rank that raises mid-run ends the run within the timeout; the other rank's error names it."
-    results = run({"world": 2, "batch": [8, 8], "steps": 30, "raise_at": [failing, 3], "timeout": 20.0})
+@pytest.mark.parametrize("failing, at", [(1, 3), (0, 3), (1, 6)])
+def test_a_raising_rank_is_named_and_nobody_hangs(failing, at):
+    """A rank that raises mid-run ends the run within the timeout; the other rank's error names it. At step 6, after the
+    loop of 6 steps, the other rank is in the closing flush (which gave a raw gloo error before)."""
+    results = run({"world": 2, "batch": [8, 8], "steps": 30 if at < 6 else 6, "raise_at": [failing, at], "timeout": 20.0})
     (rc_bad, _, err_bad), (rc_other, _, err_other) = results[failing], results[1 - failing]
-    assert rc_bad not in (0, None) and f"injected failure on rank {failing} at step 3" in err_bad
+    assert rc_bad not in (0, None) and f"injected failure on rank {failing} at step {at}" in err_bad
     assert rc_other not in (0, None), "the surviving rank did not fail"
     assert rc_other != -9, "the surviving rank hung until launch killed it"
     assert "RankFailure" in err_other and f"rank {failing}" in err_other.split("RankFailure")[-1]

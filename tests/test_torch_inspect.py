@@ -876,3 +876,92 @@ def test_examples_the_loss_ignores_do_not_count_in_their_group(reduction):
     per = nn.functional.cross_entropy(model(x)[:3], y[:3], reduction="none").double()
     assert insp.history.get("per_class/g")[1].tolist() == pytest.approx([per[[0, 2]].mean().item()], rel=1e-12)
     assert insp.history.get("per_class/h")[1].tolist() == pytest.approx([per[1].item()], rel=1e-12)
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_a_weighted_loss_splits_into_groups_as_it_is_normalised(ignored):
+    "CrossEntropyLoss(weight=w): a group's loss is sum(w_y * l) / sum(w_y), as the loss itself (was 3.4413 for 1.4240)."
+    torch.manual_seed(0)
+    weight = torch.tensor([0.5, 2.0, 4.0])
+    model, loss_fn = nn.Linear(4, 3), nn.CrossEntropyLoss(weight=weight, ignore_index=-1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 2, -1 if ignored else 1, 0])
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        insp.label_batch(["all"] * 6)                 # one group: its loss must be the batch loss
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        insp.label_batch(torch.tensor([0, 1, 0, 1, 0, 1]), names=["g", "h"])
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    assert insp.history.get("per_class/all")[1].tolist() == pytest.approx([loss.item()], rel=1e-6)
+    per = nn.functional.cross_entropy(model(x), y, weight=weight, reduction="none", ignore_index=-1).double()
+    kept = (y != -1)
+    w = torch.where(kept, weight.double()[torch.where(kept, y, 0)], 0.0)
+    for name, rows in (("g", [0, 2, 4]), ("h", [1, 3, 5])):
+        expected = (per[rows].sum() / w[rows].sum()).item()
+        assert insp.history.get(f"per_class/{name}")[1].tolist() == pytest.approx([expected], rel=1e-12)
+
+
+def test_unit_shares_are_float64():
+    "int64 / int64 is float32 in PyTorch: the shares were 0.8333333134651184 for 5/6."
+    from minitrain_inspect.torch_inspect import torch_histogram, torch_unit_health
+    out = torch.tensor([[0.0, 1.0, -2.0], [0.0, -3.0, -0.5]])
+    dead, share = torch_unit_health(out, "relu")
+    assert (dead.dtype, share.dtype) == (torch.float64, torch.float64) and share.item() == 5 / 6
+    fractions, below, above = torch_histogram(torch.tensor([-1.0, 0.5, 1.5, 5.0, 0.1, 0.2]), "relu", 4)
+    assert {fractions.dtype, below.dtype, above.dtype} == {torch.float64} and below.item() == 1 / 6
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e-90, 1e80, 1e155, 1e300])
+def test_spectral_norm_of_float64_weights_of_any_scale(scale):
+    "The power iteration's squares left float64: sigma was 0, NaN or inf for weights near 1e80 or 1e-170."
+    from minitrain_inspect.torch_inspect import TorchSpectralNorm
+    W = torch.from_numpy(np.random.default_rng(3).standard_normal((6, 4))) * scale
+    sigma = TorchSpectralNorm(warmup=200).estimate(W).item()
+    assert sigma == pytest.approx(np.linalg.svd((W / scale).numpy(), compute_uv=False)[0] * scale, rel=1e-9)
+
+
+def test_clear_errors_for_a_module_name_string_and_a_second_attach():
+    model = nn.Sequential(nn.Linear(5, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"a list of module names, got the string '0'"):
+        Inspector(model, optimizer=opt, modules="0").attach()
+    insp = Inspector(model, optimizer=opt).attach()
+    with pytest.raises(ValueError, match="attached already"):
+        insp.attach()
+    insp.remove_all()
+    insp.attach().remove_all()                        # after remove_all it attaches again
+    with pytest.raises(TypeError, match=r"an Optimizer, got SGD.*with its model"):
+        Inspector(optimizer=opt)
+
+
+def test_a_step_with_a_closure_says_what_it_measures():
+    "LBFGS evaluates its closure several times inside step(), after the gradients are read: said once, training unchanged."
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+
+    def run(watch: bool):
+        torch.manual_seed(1)
+        model, loss_fn = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), nn.CrossEntropyLoss()
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+        insp = Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() if watch else None
+
+        def closure():
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            return loss
+        for _ in range(3):
+            opt.step(closure)
+        return model, insp
+    with pytest.warns(RuntimeWarning, match="closure") as caught:
+        watched, insp = run(True)
+    assert sum("closure" in str(w.message) for w in caught) == 1
+    plain, _ = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), plain.parameters()))
+    insp.flush()
+    assert any("step(closure)" in n for n in insp.history.meta["notes"])
+    assert insp.history.get("loss/train")[0].tolist() == [0, 1, 2]
