@@ -686,7 +686,12 @@ class DDPFailure(DDPFailureStore):
             try:
                 return super().__exit__(exc_type, exc, tb)      # the closing flush: a collective, where a peer may fail
             except Exception as closing:
-                self.__exit__(type(closing), closing, closing.__traceback__)     # a RankFailure if another rank reported
+                try:        # as for an error in the block: a RankFailure if another rank reported, else report this one
+                    self.__exit__(type(closing), closing, closing.__traceback__)
+                except RankFailure:
+                    raise
+                except Exception:       # the local flush failed again: the first error is the one to see
+                    pass
                 raise
         self._collective = False               # the others may be in another collective, or gone
         failure = None
@@ -696,9 +701,11 @@ class DDPFailure(DDPFailureStore):
             if failure is None:
                 self._report_failure(exc, is_collective_error(exc))
         self.history.meta["ddp"]["failure"] = failure or f"rank {self.rank} at step {self.step}: {type(exc).__name__}: {exc}"
-        super().__exit__(exc_type, exc, tb)
-        if failure is not None:
-            raise RankFailure(f"rank {self.rank} stopped at step {self.step} because {failure}") from exc
+        try:
+            super().__exit__(exc_type, exc, tb)       # the local flush: what this rank kept is recorded
+        finally:
+            if failure is not None:       # named even if the local flush raised too
+                raise RankFailure(f"rank {self.rank} stopped at step {self.step} because {failure}") from exc
 
 # %% ../nbs/14b_ddp.ipynb #3a381759
 def _unwrap(model):

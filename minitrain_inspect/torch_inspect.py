@@ -42,15 +42,15 @@ __all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES'
            'TorchOps', 'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
            'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
            'TorchGroupLossPanel', 'ratio_points', 'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel',
-           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'fresh_output', 'torch_forward_hook',
-           'output_grad_hook', 'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order',
-           'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example',
-           'kept_examples', 'torch_loss_hook', 'TorchModuleHooks', 'closure_warning', 'TorchStepHooks', 'TorchLoss',
-           'check_group_names', 'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval',
-           'history_text', 'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint',
-           'ScalerHandle', 'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width',
-           'torch_overhead', 'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms',
-           'draw_stuck_units', 'classic_plots']
+           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'torch_forward_hook', 'output_grad_hook',
+           'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch',
+           'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example', 'kept_examples',
+           'torch_loss_hook', 'TorchModuleHooks', 'closure_warning', 'TorchStepHooks', 'TorchLoss', 'check_group_names',
+           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
+           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
+           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
+           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
+           'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -628,22 +628,6 @@ def recomputing() -> bool:
     "True while autograd runs a backward pass: a module's forward there is checkpointing's recomputation of one seen already."
     return sys.modules["torch"]._C._current_graph_task_id() != -1
 
-# %% ../nbs/14a_torch.ipynb #7b402aba
-def fresh_output(inspector, name: str) -> bool:
-    """Whether the training-mode output of the module watched as `name` is measured now: not one computed without
-    gradients (an evaluation under `torch.no_grad()`, or the reentrant checkpoint's first forward), which is remembered
-    in `inspector._unmeasured`, and not a recomputation of one measured already."""
-    if recomputing():                    # measured only if its first forward was not (the reentrant kind)
-        if name in inspector._unmeasured:
-            inspector._unmeasured.discard(name)
-            return True
-        return False
-    if not sys.modules["torch"].is_grad_enabled():
-        inspector._unmeasured.add(name)
-        return False
-    inspector._unmeasured.discard(name)
-    return True
-
 # %% ../nbs/14a_torch.ipynb #5b0408f9
 def torch_forward_hook(inspector, name: str) -> Callable:
     "The forward hook of the module watched as `name`: count it, measure its training-mode output, hook its gradient."
@@ -653,7 +637,7 @@ def torch_forward_hook(inspector, name: str) -> Callable:
         if not module.training:
             return
         due = inspector._due["on_forward"]
-        if due and fresh_output(inspector, name):    # most steps no panel is due: only the count above
+        if due and not recomputing():    # most steps no panel is due: only the count above
             inspector._measure(due, "on_forward", name, module, output)
         if inspector._due["on_grad_output"]:
             inspector._hook_output(name, module, output)
@@ -858,13 +842,13 @@ class TorchSteps(TorchFired):
     def _end_step(self) -> None:
         if self._enabled and self._model_training() and self._fired_whole_step:
             self._check_fired()
-        self._fired, self._fired_whole_step, self._unmeasured = {}, True, set()
+        self._fired, self._fired_whole_step = {}, True
         self._drop_tensor_hooks()
         super()._end_step()
 
     def reset(self) -> None:
         "Forget all statistics, history and what was learned of the hooks; start again at step 0; the hooks stay."
-        self._fired, self._expected, self._warned, self._unmeasured = {}, None, None, set()
+        self._fired, self._expected, self._warned = {}, None, None
         super().reset()
 
 # %% ../nbs/14a_torch.ipynb #56749fae
