@@ -1049,15 +1049,16 @@ def _named_params(model: Module | None, params) -> list[tuple[str, Parameter]]:
     return named
 
 # %% ../nbs/10_inspect.ipynb #dc5b7d63
-def _adapter_hint(value) -> str:
-    """A hint for an object of another framework: import its adapter (its module registers it: `ADAPTERS` below), or,
-    if it is imported, give the model too (the adapter is chosen by the model)."""
+def _adapter_hint(value, label: str = "optimizer") -> str:
+    """A hint for an object of another framework given as `label`: import its adapter (its module registers it:
+    `ADAPTERS` below); with the adapter imported, an optimizer or loss needs its model (the model chooses the adapter)."""
     framework = type(value).__module__.split(".")[0]
     if framework != "torch":
         return ""
-    if f"minitrain_inspect.{framework}_inspect" in sys.modules:
-        return f" (a {framework} optimizer or loss is watched with its model: Inspector(model, optimizer=..., loss_fn=...))"
-    return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)"
+    if f"minitrain_inspect.{framework}_inspect" not in sys.modules:
+        return f" (for {framework} objects, import minitrain_inspect.{framework}_inspect first: it registers the adapter)"
+    return "" if label == "model" else \
+        f" (a {framework} {label} is watched with its model: Inspector(model, optimizer=..., loss_fn=...))"
 
 
 def _check_kinds(model, optimizer, loss_fn, clock, flags: dict) -> None:
@@ -1065,7 +1066,7 @@ def _check_kinds(model, optimizer, loss_fn, clock, flags: dict) -> None:
     for label, value, kind in (("model", model, Module), ("optimizer", optimizer, Optimizer), ("loss_fn", loss_fn, Module)):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{label} must be {'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__}, got "
-                            f"{type(value).__name__}" + _adapter_hint(value))
+                            f"{type(value).__name__}" + _adapter_hint(value, label))
     if not callable(clock):
         raise TypeError(f"clock must be callable, got {type(clock).__name__}")
     for label, flag in flags.items():

@@ -124,9 +124,9 @@ def _check_feedback(blocks: list, grad_output: np.ndarray, feedback: list) -> No
             raise ValueError(f"a feedback matrix for a block of width {layer.out_features} must have shape "
                              f"{(readout.out_features, layer.out_features)}, got {b.shape}")
     saved = readout._saved.entries      # the readout's input at the trunk's last forward (none: its backward says so)
-    if saved and saved[-1][1][0].size // readout.in_features != len(grad_output):
-        raise ValueError(f"grad_output has {len(grad_output)} rows, but the trunk's last forward had "
-                         f"{saved[-1][1][0].size // readout.in_features} examples")
+    examples = saved[-1][1][0].size // readout.in_features if saved else len(grad_output)
+    if examples != len(grad_output):
+        raise ValueError(f"grad_output has {len(grad_output)} rows, but the trunk's last forward had {examples} examples")
 
 # %% ../nbs/15a_protocol.ipynb #a1a8768b
 def dfa_backward(trunk: Sequential, grad_output: np.ndarray, feedback: list) -> None:

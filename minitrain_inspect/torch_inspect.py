@@ -941,7 +941,9 @@ def closure_warning(inspector) -> Callable:
     "A step pre hook that says once (per attach), in the notes and as a warning, what a step taken with a closure measures."
     said = []
     def hook(optimizer, args, kwargs):
-        if any(callable(a) for a in (*args, kwargs.get("closure"))) and not said:    # args: (the optimizer, closure)
+        if said or len(args) < 2 and not kwargs:       # args: (the optimizer,) or (the optimizer, closure)
+            return
+        if any(callable(a) for a in (*args, kwargs.get("closure"))):
             said.append(True)
             inspector.note(CLOSURE_NOTE)
             warnings.warn(CLOSURE_NOTE, RuntimeWarning, stacklevel=3)
