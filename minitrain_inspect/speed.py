@@ -299,15 +299,19 @@ def _chunk_sums(values):
     return total, square
 
 # %% ../nbs/10a_speed.ipynb #20be36e2
-def _order_extremes(bits, shift, magnitude, lo, hi):
-    '''Kernel body: the least and greatest of the integer views `bits` of float values, compared by their order keys
-    (the magnitude bits of negative values flipped); `lo`, `hi` start as the integer type's extremes.'''
+def _order_extremes(bits, unsigned, ends, ends_unsigned):
+    '''Kernel body: the least and greatest of float values, read as the signed integers `bits` and as the unsigned
+    `unsigned` (one memory), written as float bits into `ends` (`ends_unsigned` its unsigned view): three reductions.'''
+    lo, hi, top = bits[0], bits[0], unsigned[0]
     for i in range(bits.size):
-        b = bits[i]
-        key = b ^ ((b >> shift) & magnitude)
-        lo = key if key < lo else lo
-        hi = key if key > hi else hi
-    return lo ^ ((lo >> shift) & magnitude), hi ^ ((hi >> shift) & magnitude)     # the same flip maps a key back
+        lo = min(lo, bits[i])
+        hi = max(hi, bits[i])
+        top = max(top, unsigned[i])
+    if lo < 0:            # some sign bit is set: the least value is the negative of greatest magnitude
+        ends_unsigned[0] = top
+    else:                 # no sign bit: the integers order like the floats
+        ends[0] = lo
+    ends[1] = hi if hi >= 0 else lo    # every sign bit set: the greatest value is the negative of least magnitude
 
 # %% ../nbs/10a_speed.ipynb #7110d9e1
 def first_pass(chunk_sums: Callable, order_extremes: Callable) -> Callable:
@@ -324,13 +328,9 @@ def first_pass(chunk_sums: Callable, order_extremes: Callable) -> Callable:
             sums[b], squares[b] = total, square
         ends = np.empty(2, values.dtype)
         if values.itemsize == 4:
-            keys = ends.view(np.int32)
-            keys[0], keys[1] = order_extremes(values.view(np.int32), np.int32(31), np.int32(0x7FFFFFFF),
-                                              np.int32(0x7FFFFFFF), np.int32(-0x80000000))
+            order_extremes(values.view(np.int32), values.view(np.uint32), ends.view(np.int32), ends.view(np.uint32))
         else:
-            keys = ends.view(np.int64)
-            keys[0], keys[1] = order_extremes(values.view(np.int64), np.int64(63), np.int64(0x7FFFFFFFFFFFFFFF),
-                                              np.int64(0x7FFFFFFFFFFFFFFF), np.int64(-0x8000000000000000))
+            order_extremes(values.view(np.int64), values.view(np.uint64), ends.view(np.int64), ends.view(np.uint64))
         return ends[0], ends[1]
     return sums_and_extremes
 
@@ -453,8 +453,8 @@ def moment_lane_kernels() -> LaneKernels | None:
         jit = functools.partial(numba.njit, cache=False, boundscheck=False)
         arrays, sums, f64 = (numba.float32[::1], numba.float64[::1]), numba.float64[::1], numba.float64
         chunk_sums = jit([numba.types.UniTuple(f64, 2)(a) for a in arrays], fastmath={"reassoc"})(_chunk_sums)
-        order_extremes = jit([numba.types.UniTuple(i, 2)(i[::1], i, i, i, i) for i in (numba.int32, numba.int64)])(
-            _order_extremes)
+        order_extremes = jit([numba.void(i[::1], u[::1], i[::1], u[::1])
+                              for i, u in ((numba.int32, numba.uint32), (numba.int64, numba.uint64))])(_order_extremes)
         sums_pass = jit([numba.types.UniTuple(a.dtype, 2)(a, sums, sums) for a in arrays])(
             first_pass(chunk_sums, order_extremes))
         deviation_pass = jit([numba.void(a, f64, sums, sums) for a in arrays])(_deviation_sums)
