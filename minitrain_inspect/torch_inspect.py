@@ -33,24 +33,24 @@ from .train import blas_threads as limit_blas_threads
 from .twin import INSTALL_HINT, require_torch, torch_available
 
 # %% auto #0
-__all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'TORCH_UNIT_KINDS', 'UNIT_RANGES', 'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE',
-           'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CLOSURE_NOTE', 'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION',
-           'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS', 'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR',
-           'TorchMoments', 'deviation_norm', 'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row',
-           'square_parts', 'host_moments', 'Later', 'to_host', 'torch_activation_kind', 'torch_unit_health',
-           'torch_histogram', 'as_matrix', 'power_scales', 'TorchSpectralNorm', 'lane_row', 'scaled_norm', 'TorchNorms',
-           'TorchOps', 'first_tensor', 'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel',
-           'TorchGradientPanel', 'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points',
-           'TorchGroupLossPanel', 'ratio_points', 'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel',
-           'TorchSpectralPanel', 'torch_panels', 'recomputing', 'torch_forward_hook', 'output_grad_hook',
-           'torch_step_hooks', 'missing_hooks', 'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch',
-           'host_points', 'TorchFlush', 'TorchFired', 'TorchSteps', 'recomputed_per_example', 'kept_examples',
-           'torch_loss_hook', 'TorchModuleHooks', 'closure_warning', 'TorchStepHooks', 'TorchLoss', 'check_group_names',
-           'TorchLabels', 'watched_modules', 'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text',
-           'history_from_text', 'check_checkpoint', 'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle',
-           'TorchScaler', 'TorchInspector', 'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead',
-           'torch_overhead_table', 'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units',
-           'classic_plots']
+__all__ = ['SCRATCH_LIMIT', 'MASK_FREE_LIMIT', 'CHANNELS_FIRST_NODES', 'UNITS_LAST_NODES', 'TORCH_UNIT_KINDS', 'UNIT_RANGES',
+           'SATURATION', 'REDUCED_NOTE', 'UNLABELLED_NOTE', 'RECOMPUTED_NOTE', 'REGRESSION_LOSSES', 'CLOSURE_NOTE',
+           'CHECKPOINT_FORMAT', 'CHECKPOINT_VERSION', 'INSPECTOR_WATCHERS', 'TORCH_BENCH_VARIANTS',
+           'TORCH_BENCH_LABELS', 'is_torch_module', 'TORCH_SUM_ERROR', 'TorchMoments', 'deviation_norm',
+           'masked_moments', 'TorchScratch', 'torch_moments', 'moments_row', 'square_parts', 'host_moments', 'Later',
+           'to_host', 'unit_axis', 'torch_activation_kind', 'torch_unit_health', 'torch_histogram', 'as_matrix',
+           'power_scales', 'TorchSpectralNorm', 'lane_row', 'scaled_norm', 'TorchNorms', 'TorchOps', 'first_tensor',
+           'step_points', 'moment_points', 'TorchTensorPanel', 'TorchActivationPanel', 'TorchGradientPanel',
+           'TorchUnitPanel', 'TorchLossPanel', 'group_sums', 'group_points', 'TorchGroupLossPanel', 'ratio_points',
+           'plain_squares', 'stepped_params', 'host_weights', 'TorchUpdatePanel', 'TorchSpectralPanel', 'torch_panels',
+           'recomputing', 'torch_forward_hook', 'output_grad_hook', 'torch_step_hooks', 'missing_hooks',
+           'missing_message', 'TorchHandle', 'hook_order', 'TorchSwitch', 'host_points', 'TorchFlush', 'TorchFired',
+           'TorchSteps', 'recomputed_per_example', 'kept_examples', 'torch_loss_hook', 'TorchModuleHooks',
+           'closure_warning', 'TorchStepHooks', 'TorchLoss', 'check_group_names', 'TorchLabels', 'watched_modules',
+           'torch_named_params', 'TorchAttach', 'TorchRemoval', 'history_text', 'history_from_text', 'check_checkpoint',
+           'TorchCheckpointSave', 'TorchCheckpoint', 'ScalerHandle', 'TorchScaler', 'TorchInspector',
+           'InspectorWatcher', 'InspectedTorchRun', 'measure_width', 'torch_overhead', 'torch_overhead_table',
+           'draw_update_ratios', 'stuck_field', 'draw_last_histograms', 'draw_stuck_units', 'classic_plots']
 
 # %% ../nbs/14a_torch.ipynb #109f5f98
 def is_torch_module(model) -> bool:
@@ -199,6 +199,27 @@ def to_host(values: list) -> list:
             start += size
     return out
 
+# %% ../nbs/14a_torch.ipynb #b7d1c0a2
+CHANNELS_FIRST_NODES = ("Convolution", "BatchNorm", "GroupNorm", "InstanceNorm", "Pool", "Upsample")
+UNITS_LAST_NODES = ("Addmm", "Mm", "Bmm", "Linear", "Matmul", "LayerNorm", "Embedding")
+
+
+def unit_axis(output, visits: int = 32) -> int:
+    "The axis of `output` that holds its units: found from the autograd graph behind it, else from its shape."
+    queue, seen = [output.grad_fn], set()
+    while queue and len(seen) < visits:
+        node = queue.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        name = type(node).__name__
+        if any(part in name for part in CHANNELS_FIRST_NODES):
+            return 1 if output.dim() > 1 else 0
+        if any(part in name for part in UNITS_LAST_NODES):
+            return output.dim() - 1
+        queue.extend(next_node for next_node, _ in node.next_functions)
+    return 1 if output.dim() >= 4 else max(output.dim() - 1, 0)
+
 # %% ../nbs/14a_torch.ipynb #8c6a4511
 TORCH_UNIT_KINDS = {"ReLU": "relu", "ReLU6": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 UNIT_RANGES = {**ACTIVATION_RANGES, "sigmoid": (0.0, 1.0)}
@@ -211,11 +232,12 @@ def torch_activation_kind(module) -> str | None:
 
 # %% ../nbs/14a_torch.ipynb #a6bcb61b
 def _units_last(output):
-    "The output as (examples, units): units along axis 1 of a 4-D (image) output, else along the last axis."
+    "The output as (examples, units), its units along `unit_axis` (one unit for a 0-d or 1-d output)."
     x = output.detach()
-    if x.dim() == 4:
-        x = x.movedim(1, -1)
-    return x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(-1, 1)
+    if x.dim() <= 1:
+        return x.reshape(-1, 1)
+    axis = unit_axis(output)
+    return x.movedim(axis, -1).reshape(-1, x.shape[axis])
 
 
 def torch_unit_health(output, kind: str) -> tuple:

@@ -965,3 +965,29 @@ def test_a_step_with_a_closure_says_what_it_measures():
     insp.flush()
     assert any("step(closure)" in n for n in insp.history.meta["notes"])
     assert insp.history.get("loss/train")[0].tolist() == [0, 1, 2]
+
+
+class Signal(nn.Module):
+    "A Conv1d over (N, 2, 3) signals whose channel 2 never fires (weight 0, bias -1), then a ReLU module."
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.head = nn.Conv1d(2, 4, 2), nn.ReLU(), nn.Linear(4 * 2, 3)
+        with torch.no_grad():
+            self.conv.weight[2], self.conv.bias[2] = 0.0, -1.0
+
+    def forward(self, x):
+        return self.head(self.act(self.conv(x.view(-1, 2, 3))).flatten(1))
+
+
+def test_dead_channels_of_a_conv1d_are_its_units():
+    "A Conv1d's (N, C, L) output was read with its units last: 0 dead units where 1 channel of 4 is dead."
+    torch.manual_seed(0)
+    model = Signal()
+    params = [p for p in model.parameters()]
+    opt = torch.optim.SGD(params, lr=0.0)         # the dead channel stays dead: lr 0
+    loss_fn = nn.CrossEntropyLoss()
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, loss_fn, batches(3))
+    steps, dead = insp.history.get("units/act/dead")
+    assert steps.tolist() == [0, 1, 2] and dead.tolist() == [0.25, 0.25, 0.25]
