@@ -619,8 +619,8 @@ def sigint_deferred():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
+        if received:        # also when the block raised (a failed `import numba`): that error becomes the context
+            raise KeyboardInterrupt
 
 # %% ../nbs/00_core.ipynb #1bf380fc
 @functools.cache

@@ -5,6 +5,7 @@
 # %% ../nbs/14a_torch.ipynb #4f210b8b
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import reprlib
@@ -204,21 +205,62 @@ CHANNELS_FIRST_NODES = ("Convolution", "BatchNorm", "GroupNorm", "InstanceNorm",
 UNITS_LAST_NODES = ("Addmm", "Mm", "Bmm", "Linear", "Matmul", "LayerNorm", "Embedding")
 
 
-def unit_axis(output, visits: int = 32) -> int:
-    "The axis of `output` that holds its units: found from the autograd graph behind it, else from its shape."
-    queue, seen = [output.grad_fn], set()
+def _signed(dim: int) -> int:
+    "A dimension saved on an autograd node: a negative one is stored as an unsigned 64-bit integer."
+    return dim - 2**64 if dim >= 2**63 else dim
+
+
+def _axis_move(node):
+    "The axes that `node` moves, as ('permute', dims) or ('swap', d0, d1); None for a node that moves none."
+    name = type(node).__name__
+    if name.startswith("PermuteBackward"):
+        return ("permute", tuple(_signed(d) for d in node._saved_dims))
+    if name.startswith("TransposeBackward"):
+        return ("swap", _signed(node._saved_dim0), _signed(node._saved_dim1))
+    return None
+
+
+def _carried(axis: int, moves: tuple) -> int | None:
+    "`axis` (1 or -1) of a marker's output carried through the `moves` met on the way back to it; None if unknown."
+    for kind, *dims in reversed(moves):       # from the marker forward to the activation
+        if kind == "permute":
+            n = len(dims[0])
+            axis = [d % n for d in dims[0]].index(axis % n)
+        else:
+            d0, d1 = dims
+            if not ((axis < 0) == (d0 < 0) == (d1 < 0)):   # counted from both ends: the rank between is unknown
+                return None
+            axis = d1 if axis == d0 else d0 if axis == d1 else axis
+    return axis
+
+
+def _graph_axis(output, visits: int) -> int | None:
+    "The unit axis from the autograd graph behind `output` (breadth first, at most `visits` nodes), or None."
+    torch = require_torch()
+    queue, seen = collections.deque([(output.grad_fn, ())]), set()
     while queue and len(seen) < visits:
-        node = queue.pop(0)
-        if node is None or node in seen:
-            continue
+        node, moves = queue.popleft()
+        if node is None or node in seen or isinstance(node, torch.autograd.function.BackwardCFunction):
+            continue        # a custom autograd function (a reentrant checkpoint...) may do anything to the axes
         seen.add(node)
         name = type(node).__name__
-        if any(part in name for part in CHANNELS_FIRST_NODES):
-            return 1 if output.dim() > 1 else 0
-        if any(part in name for part in UNITS_LAST_NODES):
-            return output.dim() - 1
-        queue.extend(next_node for next_node, _ in node.next_functions)
-    return 1 if output.dim() >= 4 else max(output.dim() - 1, 0)
+        for markers, axis in ((CHANNELS_FIRST_NODES, 1), (UNITS_LAST_NODES, -1)):
+            if any(part in name for part in markers):
+                return _carried(axis, moves)
+        move = _axis_move(node)
+        moves = moves if move is None else moves + (move,)
+        queue.extend((n, moves) for n, _ in node.next_functions if n is not None and n.next_functions)
+    return None
+
+
+def unit_axis(output, visits: int = 64) -> int:
+    "The axis of `output` that holds its units: found from the autograd graph behind it, else from its shape."
+    if output.dim() <= 1:
+        return 0
+    axis = _graph_axis(output, visits) if output.grad_fn is not None else None
+    if axis is None or not -output.dim() <= axis < output.dim():
+        return 1 if output.dim() >= 4 else output.dim() - 1
+    return axis % output.dim()
 
 # %% ../nbs/14a_torch.ipynb #8c6a4511
 TORCH_UNIT_KINDS = {"ReLU": "relu", "ReLU6": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}

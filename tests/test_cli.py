@@ -390,3 +390,29 @@ def test_overhead_framework_torch_writes_its_table_to_out_and_refuses_a_bad_out_
     r = run("overhead", "--framework", "torch", "--quick", "--widths", "64", "--quiet", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text() == r.stdout and "| Inspector, default schedules |" in r.stdout   # the printed table, written
+
+
+def test_ctrl_c_during_a_failed_numba_import_is_not_lost(tmp_path):
+    "Without the `fast` extra, `import numba` fails under `sigint_deferred`: a Ctrl-C held there was dropped, and demo trained on."
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    started = tmp_path / "numba-import-started"
+    (fake / "numba.py").write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(3)\n"
+                                   "raise ImportError('numba is not installed here (a slow failing import, on purpose)')\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([SCRIPT, "demo", "--out", str(out), "--quiet", "--steps", FOREVER, "--no-benchmark"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(fake)})
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the fake numba was never imported"
+        p.send_signal(signal.SIGINT)           # during the import: held, then it must interrupt
+        out_text, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert (p.returncode, err) == (130, "interrupted\n"), (p.returncode, err[-500:])
+    assert not out.exists()
