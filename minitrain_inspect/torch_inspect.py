@@ -211,27 +211,46 @@ def _signed(dim: int) -> int:
 
 
 def _axis_move(node):
-    "The axes that `node` moves, as ('permute', dims) or ('swap', d0, d1); None for a node that moves none."
+    '''How `node` moves the axes of its input: ('permute', dims), ('swap', d0, d1), ('insert', d) or ('remove', d), with
+    the rank of its output last (None where unknown); None for a node that moves none.'''
     name = type(node).__name__
+    meta = getattr(node, "_input_metadata", None)      # the forward output's shape, on torch's nodes
+    rank = len(meta[0].shape) if meta and len(meta) == 1 else None
     if name.startswith("PermuteBackward"):
-        return ("permute", tuple(_signed(d) for d in node._saved_dims))
+        return ("permute", tuple(_signed(d) for d in node._saved_dims), len(node._saved_dims))
     if name.startswith("TransposeBackward"):
-        return ("swap", _signed(node._saved_dim0), _signed(node._saved_dim1))
+        return ("swap", _signed(node._saved_dim0), _signed(node._saved_dim1), rank)
+    if name.startswith("TBackward"):
+        return ("swap", 0, 1, 2)
+    if name.startswith("UnsqueezeBackward") and isinstance(getattr(node, "_saved_dim", None), int):
+        return ("insert", _signed(node._saved_dim), rank)
+    if name.startswith("SqueezeBackward") and isinstance(getattr(node, "_saved_dim", None), int):
+        return ("remove", _signed(node._saved_dim), rank)
     return None
 
 
-def _carried(axis: int, moves: tuple) -> int | None:
-    "`axis` (1 or -1) of a marker's output carried through the `moves` met on the way back to it; None if unknown."
-    for kind, *dims in reversed(moves):       # from the marker forward to the activation
-        if kind == "permute":
-            n = len(dims[0])
-            axis = [d % n for d in dims[0]].index(axis % n)
-        else:
-            d0, d1 = dims
-            if not ((axis < 0) == (d0 < 0) == (d1 < 0)):   # counted from both ends: the rank between is unknown
-                return None
-            axis = d1 if axis == d0 else d0 if axis == d1 else axis
-    return axis
+def _moved(axis: int, move: tuple) -> int | None:
+    "Where `axis` of a node's input lands in its output (an index from the nearer end); None if that cannot be told."
+    kind, *args, rank = move
+    if rank is None or rank < 1:
+        return None
+    before = rank - 1 if kind == "insert" else rank + 1 if kind == "remove" else rank
+    if not -before <= axis < before:
+        return None
+    a = axis % before
+    if kind == "permute":
+        a = [d % rank for d in args[0]].index(a)
+    elif kind == "swap":
+        d0, d1 = args[0] % rank, args[1] % rank
+        a = d1 if a == d0 else d0 if a == d1 else a
+    elif kind == "insert":
+        a = a + 1 if a >= args[0] % rank else a
+    else:
+        d = args[0] % before
+        if a == d:
+            return None
+        a = a - 1 if a > d else a
+    return a if a <= (rank - 1) / 2 else a - rank       # counted from the end it is nearer: views may change the rank
 
 
 def _graph_axis(output, visits: int) -> int | None:
@@ -246,7 +265,9 @@ def _graph_axis(output, visits: int) -> int | None:
         name = type(node).__name__
         for markers, axis in ((CHANNELS_FIRST_NODES, 1), (UNITS_LAST_NODES, -1)):
             if any(part in name for part in markers):
-                return _carried(axis, moves)
+                for move in reversed(moves):         # from that node forward to the activation
+                    axis = _moved(axis, move) if axis is not None else None
+                return axis
         move = _axis_move(node)
         moves = moves if move is None else moves + (move,)
         queue.extend((n, moves) for n, _ in node.next_functions if n is not None and n.next_functions)
@@ -257,7 +278,10 @@ def unit_axis(output, visits: int = 64) -> int:
     "The axis of `output` that holds its units: found from the autograd graph behind it, else from its shape."
     if output.dim() <= 1:
         return 0
-    axis = _graph_axis(output, visits) if output.grad_fn is not None else None
+    try:
+        axis = _graph_axis(output, visits) if output.grad_fn is not None else None
+    except (AttributeError, TypeError, ValueError, IndexError):     # a node of a kind not foreseen: the shape decides
+        axis = None
     if axis is None or not -output.dim() <= axis < output.dim():
         return 1 if output.dim() >= 4 else output.dim() - 1
     return axis % output.dim()
