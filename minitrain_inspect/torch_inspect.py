@@ -252,7 +252,7 @@ def _moved(axis: int, move: tuple) -> int | None:
         a = a - 1 if a > d else a
     return a if a <= (rank - 1) / 2 else a - rank       # counted from the end it is nearer: views may change the rank
 
-
+# %% ../nbs/14a_torch.ipynb #d2f4a6b8
 def _graph_axis(output, visits: int) -> int | None:
     "The unit axis from the autograd graph behind `output` (breadth first, at most `visits` nodes), or None."
     torch = require_torch()
