@@ -197,6 +197,7 @@ class DDPUnitPanel(TorchUnitPanel):
         kind, tensor = torch_activation_kind(module), first_tensor(output)
         if kind is None or tensor is None:
             return
+        self.count_call(name)
         finish = functools.partial(unit_points, name, self.FIELD_NAMES[kind], self.bins)
         self.record(None, Later(finish, (unit_counts(tensor, kind, self.bins),)))
 

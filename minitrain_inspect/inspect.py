@@ -319,15 +319,29 @@ class UnitPanel(Panel):
         lo, hi = ACTIVATION_RANGES[kind]
         return {"kind": kind, "lo": lo, "hi": hi, "bins": self.bins}
 
+    def count_call(self, name: str) -> None:
+        "Count `name`'s calls in this step; at its second, note that its unit health is its last call's (once a run)."
+        step, calls = self._calls.get(name, (None, 0))
+        calls = calls + 1 if step == self.step else 1
+        self._calls[name] = (self.step, calls)
+        if calls == 2:
+            self.note(f"units/{name}: the module ran more than once in a step (used twice, or gradient accumulation); "
+                      "its unit health is its last call's")
+
     def on_forward(self, name: str, module, output) -> None:
         kind = _activation_kind(module)
         if kind is None or not isinstance(output, np.ndarray):
             return
+        self.count_call(name)
         units_field, share_field = self.FIELD_NAMES[kind]
         (units, share), hist = self.ops.units(output, kind, self.bins)
         for field, value in ((units_field, units), (share_field, share), ("histogram", hist.fractions),
                              ("below", hist.below), ("above", hist.above)):
             self.record(f"units/{name}/{field}", value)
+
+    def reset(self) -> None:
+        super().reset()
+        self._calls = {}
 
 # %% ../nbs/10_inspect.ipynb #ddc6bddc
 class LossPanel(Panel):

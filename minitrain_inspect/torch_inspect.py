@@ -518,6 +518,7 @@ class TorchUnitPanel(UnitPanel):
         kind, tensor = torch_activation_kind(module), first_tensor(output)
         if kind is None or tensor is None:
             return
+        self.count_call(name)
         units_field, share_field = self.FIELD_NAMES[kind]
         (units, share), (fractions, below, above) = self.ops.units(tensor, kind, self.bins)
         for field, value in ((units_field, units), (share_field, share), ("histogram", fractions),

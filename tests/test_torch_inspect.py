@@ -991,3 +991,23 @@ def test_dead_channels_of_a_conv1d_are_its_units():
         run(model, opt, loss_fn, batches(3))
     steps, dead = insp.history.get("units/act/dead")
     assert steps.tolist() == [0, 1, 2] and dead.tolist() == [0.25, 0.25, 0.25]
+
+
+def test_an_activation_module_used_twice_says_its_unit_health_is_its_last_call():
+    "torchvision's BasicBlock calls one self.relu twice: the unit panel kept the second call's units, silently."
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.relu, self.head = nn.Linear(6, 8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.relu(self.b(self.relu(self.a(x)))))
+
+    torch.manual_seed(0)
+    model = Block()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    with Inspector(model, optimizer=opt, loss_fn=loss_fn, schedules=EVERY_STEP).attach() as insp:
+        run(model, opt, loss_fn, batches(3))
+    notes = [n for n in insp.history.meta["notes"] if n.startswith("units/relu: the module ran more than once")]
+    assert len(notes) == 1 and insp.history.get("units/relu/dead")[0].tolist() == [0, 1, 2]
