@@ -201,7 +201,7 @@ def to_host(values: list) -> list:
     return out
 
 # %% ../nbs/14a_torch.ipynb #b7d1c0a2
-CHANNELS_FIRST_NODES = ("Convolution", "BatchNorm", "GroupNorm", "InstanceNorm", "Pool", "Upsample")
+CHANNELS_FIRST_NODES = ("Conv", "BatchNorm", "GroupNorm", "InstanceNorm", "Pool", "Upsample")
 UNITS_LAST_NODES = ("Addmm", "Mm", "Bmm", "Linear", "Matmul", "LayerNorm", "Embedding")
 
 
@@ -280,7 +280,7 @@ def unit_axis(output, visits: int = 64) -> int:
         return 0
     try:
         axis = _graph_axis(output, visits) if output.grad_fn is not None else None
-    except (AttributeError, TypeError, ValueError, IndexError):     # a node of a kind not foreseen: the shape decides
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):   # a node not foreseen: the shape decides
         axis = None
     if axis is None or not -output.dim() <= axis < output.dim():
         return 1 if output.dim() >= 4 else output.dim() - 1
